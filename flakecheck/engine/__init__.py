@@ -1,0 +1,10 @@
+"""The inference core: a nano-vllm-style continuous-batching engine over a kernel policy."""
+
+from flakecheck.engine.llm_engine import LLMEngine, Request, decode_tokens, encode_prompt
+from flakecheck.engine.loader import DEFAULT_MODEL, LoadedModel, load_model
+from flakecheck.engine.sequence import Completion, SamplingParams
+
+__all__ = [
+    "DEFAULT_MODEL", "Completion", "LLMEngine", "LoadedModel", "Request", "SamplingParams",
+    "decode_tokens", "encode_prompt", "load_model",
+]

