@@ -1,0 +1,140 @@
+"""The command line: a thin layer over the Python API. Exit codes: 0 ok, 1 gate failed or a
+non-invariant op under the invariant policy, 2 bad input or usage, 3 internal error."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from flakecheck.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Find the eval cases that flip at temperature 0 under batch composition, and why.\n\n"
+    "Example: flakecheck run suites/demo.jsonl && flakecheck gate reports/demo-*/",
+)
+kernels_app = typer.Typer(no_args_is_help=True, help="Probe the kernel policies. Example: flakecheck kernels check --json")
+app.add_typer(kernels_app, name="kernels")
+
+
+@app.command(help="Replay a suite under batch compositions and write a run directory.\n\n"
+             "Example: flakecheck run suites/demo.jsonl --kernels splitk --limit 20")
+def run(
+    suite: Path = typer.Argument(..., help="suite JSONL, one case per line"),
+    model: str = typer.Option("smollm2", help="smollm2 | a Hugging Face directory | FILE.gguf | a hub id"),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    kernels: str = typer.Option("splitk", help="splitk (production-like variance) | invariant | native"),
+    backend: str = typer.Option("auto", help="auto | torch | triton"),
+    profile: str = typer.Option("h100", help="device profile for split counts: h100 | a100 | h200 | l4"),
+    compositions: Optional[Path] = typer.Option(None, help="compositions file (.jsonl or .json)"),
+    composition: Optional[list[str]] = typer.Option(None, help="key=value,... (repeatable), e.g. name=b4,max_batch=4"),
+    max_tokens: int = typer.Option(64, help="default max new tokens per case"),
+    gap_threshold: float = typer.Option(0.05, help="a top1-top2 logprob gap below this is a near-tie"),
+    gap_window: int = typer.Option(50, help="near-ties count within the first N tokens of the reference"),
+    repeat: int = typer.Option(1, help="replay the compositions N times with other order seeds"),
+    limit: Optional[int] = typer.Option(None, help="only the first N cases"),
+    ids: Optional[str] = typer.Option(None, help="only these case ids, comma-separated"),
+    out: Optional[Path] = typer.Option(None, help="run directory (default reports/<suite>-<UTC time>)"),
+    resume: bool = typer.Option(False, help="continue an interrupted run in --out"),
+    no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
+    quiet: bool = typer.Option(False, help="print only the summary line"),
+) -> None:
+    from flakecheck.api import run_from_cli
+
+    run_from_cli(
+        suite=suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
+        compositions_file=compositions, composition_specs=composition or [], max_tokens=max_tokens,
+        gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
+        out=out, resume=resume, html=not no_html, quiet=quiet, argv=sys.argv,
+    )
+
+
+@app.command(help="Render a run directory (no model needed).\n\nExample: flakecheck report reports/demo-20261201T120000Z --format markdown")
+def report(
+    run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
+    format: str = typer.Option("terminal", "--format", help="terminal | markdown | json"),
+    html: Optional[Path] = typer.Option(None, help="also write the HTML report to this file"),
+    top: int = typer.Option(10, help="how many cases to list by risk"),
+) -> None:
+    from flakecheck.reports.command import report_command
+
+    raise typer.Exit(report_command(run_dir, format=format, html=html, top=top))
+
+
+@app.command(help="A CI regression gate over a run directory: exit 1 when it fails.\n\n"
+             "Example: flakecheck gate reports/now --baseline reports/main --max-flaky-rate 0.05 --junit flakes.xml")
+def gate(
+    run_dir: Path = typer.Argument(..., help="the run directory to judge"),
+    baseline: Optional[Path] = typer.Option(None, help="a run directory to compare against"),
+    max_flaky_rate: Optional[float] = typer.Option(None, help="fail when (flaky + verdict_flaky) / cases exceeds this"),
+    max_verdict_flips: Optional[int] = typer.Option(None, help="fail when more cases flip their verdict"),
+    fail_on_new_fragile: bool = typer.Option(False, help="with --baseline: fail on newly fragile cases too"),
+    quarantine: Optional[Path] = typer.Option(None, help="file of case ids with reason and expiry"),
+    junit: Optional[Path] = typer.Option(None, help="write JUnit XML here"),
+    markdown: Optional[Path] = typer.Option(None, help="write a markdown summary here"),
+) -> None:
+    from flakecheck.gate import gate_command
+
+    raise typer.Exit(gate_command(
+        run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
+        fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
+    ))
+
+
+@kernels_app.command("check", help="Probe every op along every axis under each policy; exit 1 if the "
+                     "invariant policy fails a probe.\n\nExample: flakecheck kernels check --device cpu --json")
+def kernels_check(
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    backend: str = typer.Option("auto", help="auto | torch | triton"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    from flakecheck.kernels.check import check_command
+
+    raise typer.Exit(check_command(device=device, dtype=dtype, backend=backend, json_out=json_out))
+
+
+@app.command(help="Benchmarks, one JSON line each: engine | kernels | run.\n\nExample: flakecheck bench engine --json")
+def bench(
+    target: str = typer.Argument("engine", help="engine | kernels | run"),
+    json_out: bool = typer.Option(False, "--json", help="print only the JSON line"),
+    quick: bool = typer.Option(False, help="a smaller workload (smoke test of the benchmark itself)"),
+) -> None:
+    import importlib
+
+    if target not in ("engine", "kernels", "run"):
+        raise UserError(f"unknown benchmark {target!r}; choose engine, kernels or run")
+    module = importlib.import_module(f"flakecheck.bench.{target}")
+    module.main(json_out=json_out, quick=quick)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.BadParameter, typer.Abort) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # the one place an unexpected error becomes exit 3
+        if _is_click_error(exc):  # typer's own usage errors (unknown command, bad option)
+            exc.show()
+            sys.exit(2 if exc.exit_code == 2 or type(exc).__name__.endswith("UsageError") else exc.exit_code)
+        traceback.print_exc()
+        typer.echo(f"internal error: {exc}", err=True)
+        sys.exit(3)
+
+
+def _is_click_error(exc: Exception) -> bool:
+    """Click's exceptions, whether typer vendors click or depends on it."""
+    return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__) and hasattr(exc, "show")
