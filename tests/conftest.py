@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_models import build_tiny_model
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
+    """tiny_model_factory(arch) -> a saved tiny random HF directory (built once per session and arch)."""
+    built: dict[str, Path] = {}
+
+    def make(architecture: str = "llama") -> Path:
+        if architecture not in built:
+            built[architecture] = build_tiny_model(tmp_path_factory.mktemp(f"tiny-{architecture}"), architecture)
+        return built[architecture]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_factory) -> Path:
+    return tiny_model_factory("llama")

@@ -1,0 +1,81 @@
+"""Tiny random Llama-family models saved as Hugging Face directories, built in the test session.
+
+A small byte-level BPE tokenizer is trained on a few lines so the tiny models have a real
+tokenizer and chat template; weights use a wide init so logits are peaked enough for greedy
+decoding to be meaningful, while some steps stay near-tied.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "What is 2 + 2? The answer is 4. What is 7 * 6? It is 42.",
+    "def add(a, b):\n    return a + b\n",
+    '{"name": "Ada", "age": 36, "city": "London"}',
+    "Answer with a single letter: A, B, C or D.",
+    "Write a haiku about the sea, the wind and the morning light.",
+]
+
+
+def build_tokenizer(path: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
+    return fast
+
+
+def build_tiny_model(path: Path, architecture: str = "llama", seed: int = 0, init_std: float = 0.3) -> Path:
+    """Save a tiny random `llama` | `qwen2` | `qwen3` | `mistral` model with tokenizer under `path`."""
+    from transformers import (
+        AutoModelForCausalLM,
+        LlamaConfig,
+        MistralConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
+
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(path)
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+        initializer_range=init_std, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config = {
+        "llama": lambda: LlamaConfig(**common, tie_word_embeddings=True, rope_theta=10000.0),
+        "mistral": lambda: MistralConfig(**common, tie_word_embeddings=False, sliding_window=None),
+        "qwen2": lambda: Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False),
+        "qwen3": lambda: Qwen3Config(**common, head_dim=16, tie_word_embeddings=True, use_sliding_window=False),
+    }[architecture]()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # non-trivial norm weights and biases, so the parity test exercises them
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(path, safe_serialization=True)
+    return path
