@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,7 +17,9 @@ app = typer.Typer(
     help="Find the eval cases that flip at temperature 0 under batch composition, and why.\n\n"
     "Example: flakecheck run suites/demo.jsonl && flakecheck gate reports/demo-*/",
 )
-kernels_app = typer.Typer(no_args_is_help=True, help="Probe the kernel policies. Example: flakecheck kernels check --json")
+kernels_app = typer.Typer(
+    no_args_is_help=True, help="Probe the kernel policies. Example: flakecheck kernels check --json"
+)
 app.add_typer(kernels_app, name="kernels")
 
 
@@ -31,15 +32,15 @@ def run(
     kernels: str = typer.Option("splitk", help="splitk (production-like variance) | invariant | native"),
     backend: str = typer.Option("auto", help="auto | torch | triton"),
     profile: str = typer.Option("h100", help="device profile for split counts: h100 | a100 | h200 | l4"),
-    compositions: Optional[Path] = typer.Option(None, help="compositions file (.jsonl or .json)"),
-    composition: Optional[list[str]] = typer.Option(None, help="key=value,... (repeatable), e.g. name=b4,max_batch=4"),
+    compositions: Path | None = typer.Option(None, help="compositions file (.jsonl or .json)"),
+    composition: list[str] | None = typer.Option(None, help="key=value,... (repeatable), e.g. name=b4,max_batch=4"),
     max_tokens: int = typer.Option(64, help="default max new tokens per case"),
     gap_threshold: float = typer.Option(0.05, help="a top1-top2 logprob gap below this is a near-tie"),
     gap_window: int = typer.Option(50, help="near-ties count within the first N tokens of the reference"),
     repeat: int = typer.Option(1, help="replay the compositions N times with other order seeds"),
-    limit: Optional[int] = typer.Option(None, help="only the first N cases"),
-    ids: Optional[str] = typer.Option(None, help="only these case ids, comma-separated"),
-    out: Optional[Path] = typer.Option(None, help="run directory (default reports/<suite>-<UTC time>)"),
+    limit: int | None = typer.Option(None, help="only the first N cases"),
+    ids: str | None = typer.Option(None, help="only these case ids, comma-separated"),
+    out: Path | None = typer.Option(None, help="run directory (default reports/<suite>-<UTC time>)"),
     resume: bool = typer.Option(False, help="continue an interrupted run in --out"),
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
@@ -54,11 +55,12 @@ def run(
     )
 
 
-@app.command(help="Render a run directory (no model needed).\n\nExample: flakecheck report reports/demo-20261201T120000Z --format markdown")
+@app.command(help="Render a run directory (no model needed).\n\n"
+             "Example: flakecheck report reports/demo-20261201T120000Z --format markdown")
 def report(
     run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
     format: str = typer.Option("terminal", "--format", help="terminal | markdown | json"),
-    html: Optional[Path] = typer.Option(None, help="also write the HTML report to this file"),
+    html: Path | None = typer.Option(None, help="also write the HTML report to this file"),
     top: int = typer.Option(10, help="how many cases to list by risk"),
 ) -> None:
     from flakecheck.reports.command import report_command
@@ -70,13 +72,13 @@ def report(
              "Example: flakecheck gate reports/now --baseline reports/main --max-flaky-rate 0.05 --junit flakes.xml")
 def gate(
     run_dir: Path = typer.Argument(..., help="the run directory to judge"),
-    baseline: Optional[Path] = typer.Option(None, help="a run directory to compare against"),
-    max_flaky_rate: Optional[float] = typer.Option(None, help="fail when (flaky + verdict_flaky) / cases exceeds this"),
-    max_verdict_flips: Optional[int] = typer.Option(None, help="fail when more cases flip their verdict"),
+    baseline: Path | None = typer.Option(None, help="a run directory to compare against"),
+    max_flaky_rate: float | None = typer.Option(None, help="fail when (flaky + verdict_flaky) / cases exceeds this"),
+    max_verdict_flips: int | None = typer.Option(None, help="fail when more cases flip their verdict"),
     fail_on_new_fragile: bool = typer.Option(False, help="with --baseline: fail on newly fragile cases too"),
-    quarantine: Optional[Path] = typer.Option(None, help="file of case ids with reason and expiry"),
-    junit: Optional[Path] = typer.Option(None, help="write JUnit XML here"),
-    markdown: Optional[Path] = typer.Option(None, help="write a markdown summary here"),
+    quarantine: Path | None = typer.Option(None, help="file of case ids with reason and expiry"),
+    junit: Path | None = typer.Option(None, help="write JUnit XML here"),
+    markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
 ) -> None:
     from flakecheck.gate import gate_command
 

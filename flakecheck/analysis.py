@@ -1,0 +1,131 @@
+"""Analysis: from traces to the three tables of the run directory.
+
+Per (case, composition, repeat): the first step whose token differs from the reference
+composition's (repeat 0). Per case: the earliest divergence and the token pair there, the
+near-ties of the reference within the gap window, the verdicts, the status and the risk.
+
+risk = 1 - prod_i (1 - exp(-gap_i / tau)) over the reference's first `gap_window` steps, where
+gap_i = top1 - top2 logprob at step i and tau = the gap threshold: the chance that at least one
+step flips if a step with gap g flips with probability exp(-g / tau). A tie (gap 0) gives 1, one
+step at the threshold alone gives e^-1 = 0.37, and a gap of 10 tau adds only 5e-5. A case with
+no generated tokens has risk 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flakecheck.checks import grade
+from flakecheck.replay import Trace
+from flakecheck.suite import Case
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    gap_threshold: float = 0.05
+    gap_window: int = 50
+
+
+@dataclass
+class Tables:
+    runs: list[dict[str, Any]]
+    tokens: list[dict[str, Any]]
+    cases: list[dict[str, Any]]
+
+
+def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | None:
+    """Index of the first generated token that differs; None when the sequences are identical."""
+    for step, (a, b) in enumerate(zip(reference, other)):
+        if a != b:
+            return step
+    return None if len(reference) == len(other) else min(len(reference), len(other))
+
+
+def step_gaps(trace: Trace) -> list[float]:
+    return [a - b for a, b in zip(trace.top1_logprobs, trace.top2_logprobs)]
+
+
+def risk_score(gaps: Sequence[float], tau: float) -> float:
+    survive = 1.0
+    for gap in gaps:
+        survive *= 1.0 - math.exp(-max(gap, 0.0) / tau)
+    return 1.0 - survive
+
+
+def case_status(diverged: bool, verdict_flip: bool, near_ties: int) -> str:
+    if verdict_flip:
+        return "verdict_flaky"
+    if diverged:
+        return "flaky"
+    return "fragile" if near_ties else "stable"
+
+
+def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thresholds: Thresholds,
+            decode: Callable[[list[int]], str], token_text: Callable[[int], str]) -> Tables:
+    """Traces (in composition order) of every case -> runs, tokens and cases rows."""
+    by_case: dict[str, list[Trace]] = {}
+    for trace in traces:
+        by_case.setdefault(trace.case_id, []).append(trace)
+    tables = Tables([], [], [])
+    for case in cases:
+        case_traces = by_case[case.id]
+        ref = next(t for t in case_traces if t.composition == reference and t.repeat == 0)
+        tables.cases.append(_analyse_case(case, case_traces, ref, thresholds, decode, token_text, tables))
+    return tables
+
+
+def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thresholds,
+                  decode: Callable[[list[int]], str], token_text: Callable[[int], str], tables: Tables) -> dict:
+    earliest: tuple[int, Trace] | None = None
+    verdicts: list[bool] = []
+    for trace in traces:
+        divergence = first_divergence(ref.token_ids, trace.token_ids)
+        text = decode(trace.token_ids)
+        passed = grade(text, case.checks, case.targets)
+        if passed is not None:
+            verdicts.append(passed)
+        if divergence is not None and (earliest is None or divergence < earliest[0]):
+            earliest = (divergence, trace)
+        tables.runs.append({
+            "case_id": case.id, "composition": trace.composition, "repeat": trace.repeat,
+            "token_ids": trace.token_ids, "text": text, "finish_reason": trace.finish_reason,
+            "passed": passed, "first_divergence": divergence, "n_tokens": len(trace.token_ids),
+        })
+        for step, (token, lp1, top2, lp2) in enumerate(
+            zip(trace.token_ids, trace.top1_logprobs, trace.top2_ids, trace.top2_logprobs)
+        ):
+            tables.tokens.append({
+                "case_id": case.id, "composition": trace.composition, "repeat": trace.repeat, "step": step,
+                "token_id": token, "token": token_text(token), "logprob": lp1, "top1_id": trace.top1_ids[step],
+                "top1_logprob": lp1, "top2_id": top2, "top2_logprob": lp2, "gap": lp1 - lp2,
+            })
+    window = step_gaps(ref)[: thresholds.gap_window]
+    near_ties = sum(gap < thresholds.gap_threshold for gap in window)
+    verdict_flip = len(set(verdicts)) > 1
+    row: dict[str, Any] = {
+        "case_id": case.id,
+        "status": case_status(earliest is not None, verdict_flip, near_ties),
+        "n_compositions": len({t.composition for t in traces}),
+        "n_distinct_outputs": len({tuple(t.token_ids) for t in traces}),
+        "first_divergence": None, "divergence_composition": None, "ref_token": None, "alt_token": None,
+        "gap_at_divergence": None,
+        "min_gap": min(window) if window else None,
+        "n_near_ties": near_ties,
+        "pass_rate": sum(verdicts) / len(verdicts) if verdicts else None,
+        "verdict_flip": verdict_flip,
+        "risk": risk_score(window, thresholds.gap_threshold),
+    }
+    if earliest is not None:
+        step, trace = earliest
+        row.update({
+            "first_divergence": step,
+            "divergence_composition": trace.composition if trace.repeat == 0 else f"{trace.composition}#{trace.repeat}",
+            "ref_token": token_text(ref.token_ids[step]) if step < len(ref.token_ids) else None,
+            "alt_token": token_text(trace.token_ids[step]) if step < len(trace.token_ids) else None,
+            "gap_at_divergence": (ref.top1_logprobs[step] - ref.top2_logprobs[step])
+            if step < len(ref.token_ids) else None,
+        })
+    return row
