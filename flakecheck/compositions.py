@@ -1,0 +1,385 @@
+"""Compositions: the scheduling configurations a suite is replayed under (DESIGN §6).
+
+A composition sets how many sequences share a step (`max_batch`), the arrival order (`order_seed`; null keeps
+suite order), the prefill token budget per step (`chunk`), prefix-cache reuse, synthetic filler requests and
+when those arrive. The reference is the composition named "solo" (else the first given); it is always listed
+first.
+
+Sources, in order: `--compositions FILE` (.jsonl: one object a line, blank and `#` lines skipped; .json: a
+list of objects), then each `--composition key=value,...`; with neither, DEFAULT_COMPOSITIONS. Keys, in a
+spec or a file: name, max_batch, order_seed, chunk, prefix_cache, fillers (a count, or in a file an object
+{count, prompt_len, output_len, seed}), filler_prompt_len and filler_output_len ("16-64", or one number),
+filler_seed, arrival (together | staggered). A missing name is derived from the fields that differ from the
+defaults: "max_batch=4,chunk=16" -> "b4-c16" (all defaults -> "solo").
+
+Fillers: background requests of random token ids, drawn from random.Random seeded by (fillers.seed, repeat),
+never using the special ids. Arrival "together": all at step 0, queued with the cases. Arrival "staggered":
+filler k arrives at step 1 + floor(k * horizon / count), spread evenly over `horizon = waves * longest filler
+output`, where waves = ceil(n_cases / max_batch) is how many rounds of cases the batch needs — an estimate of
+the suite's decode span, so fillers keep joining while cases are mid-decode rather than all at the start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flakecheck.errors import InputError, UserError
+
+REFERENCE = "solo"
+ARRIVALS = ("together", "staggered")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Fillers:
+    count: int = 0
+    prompt_len: tuple[int, int] = (16, 64)  # inclusive range, tokens
+    output_len: tuple[int, int] = (8, 32)  # inclusive range of max_tokens
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise ValueError(f"fillers must be >= 0, got {self.count}")
+        for label, (lo, hi) in (("filler_prompt_len", self.prompt_len), ("filler_output_len", self.output_len)):
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{label} must be a range lo-hi with 1 <= lo <= hi, got {lo}-{hi}")
+
+
+@dataclass(frozen=True)
+class Composition:
+    name: str
+    max_batch: int = 1
+    order_seed: int | None = None
+    chunk: int | None = None  # prefill token budget per step; None = whole prompts
+    prefix_cache: bool = False
+    fillers: Fillers = field(default_factory=Fillers)
+    arrival: str = "together"
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"name {self.name!r} must be 1-64 of letters, digits, '_', '.', '+', '-'")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.chunk is not None and self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1 (or none), got {self.chunk}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fillers"]["prompt_len"] = list(self.fillers.prompt_len)
+        data["fillers"]["output_len"] = list(self.fillers.output_len)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Composition:
+        """The inverse of to_dict; also takes the flat spec keys. ValueError on a bad key or value."""
+        return _build(data, _typed_value)
+
+
+DEFAULT_COMPOSITIONS: tuple[Composition, ...] = (
+    Composition("solo"),
+    Composition("batch8", max_batch=8),
+    Composition("batch32", max_batch=32, order_seed=1),
+    Composition("chunked", max_batch=16, chunk=32),
+    # Serial like solo, so a divergence here is the prefix cache's alone.
+    Composition("prefix", prefix_cache=True),
+    Composition("load", max_batch=32, fillers=Fillers(count=16), arrival="staggered"),
+)
+
+
+# ------------------------------------------------------------------------------------ building from fields
+
+_FIELDS = ("name", "max_batch", "order_seed", "chunk", "prefix_cache", "fillers", "filler_prompt_len",
+           "filler_output_len", "filler_seed", "arrival")
+
+
+def _build(fields: Mapping[str, Any], convert: Callable[[str, Any], Any]) -> Composition:
+    unknown = [k for k in fields if k not in _FIELDS]
+    if unknown:
+        raise ValueError(f"unknown key '{unknown[0]}' (known: {', '.join(_FIELDS)})")
+    values = {key: convert(key, raw) for key, raw in fields.items()}
+    filler_fields: dict[str, Any] = {}
+    fillers = values.get("fillers")
+    if isinstance(fillers, Fillers):
+        filler_fields = asdict(fillers)
+    elif fillers is not None:
+        filler_fields["count"] = fillers
+    for flat, nested in (("filler_prompt_len", "prompt_len"), ("filler_output_len", "output_len"),
+                         ("filler_seed", "seed")):
+        if flat in values:
+            filler_fields[nested] = values[flat]
+    kwargs = {k: v for k, v in values.items() if k in ("max_batch", "order_seed", "chunk", "prefix_cache",
+                                                      "arrival")}
+    kwargs["fillers"] = Fillers(**filler_fields)
+    name = values.get("name")
+    if name is None:
+        name = derive_name(Composition(REFERENCE, **kwargs))
+    return Composition(name, **kwargs)
+
+
+def derive_name(composition: Composition) -> str:
+    """A name from the fields that differ from the defaults: b4-s3-c16-p-f8-stag; all defaults -> "solo"."""
+    c, f, default = composition, composition.fillers, Fillers()
+    parts = []
+    if c.max_batch != 1:
+        parts.append(f"b{c.max_batch}")
+    if c.order_seed is not None:
+        parts.append(f"s{c.order_seed}")
+    if c.chunk is not None:
+        parts.append(f"c{c.chunk}")
+    if c.prefix_cache:
+        parts.append("p")
+    if f.count:
+        parts.append(f"f{f.count}")
+    if f.prompt_len != default.prompt_len:
+        parts.append(f"fp{f.prompt_len[0]}-{f.prompt_len[1]}")
+    if f.output_len != default.output_len:
+        parts.append(f"fo{f.output_len[0]}-{f.output_len[1]}")
+    if f.seed != default.seed:
+        parts.append(f"fs{f.seed}")
+    if c.arrival != "together":
+        parts.append("stag")
+    return "-".join(parts) or REFERENCE
+
+
+def _int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer, got {json.dumps(value)}")
+    return value
+
+
+def _typed_value(key: str, value: Any) -> Any:
+    """A JSON value (from a file or to_dict) checked for its key."""
+    if key in ("order_seed", "chunk"):
+        return None if value is None else _int(key, value)
+    if key in ("max_batch", "filler_seed"):
+        return _int(key, value)
+    if key == "prefix_cache":
+        if not isinstance(value, bool):
+            raise ValueError(f"prefix_cache must be true or false, got {json.dumps(value)}")
+        return value
+    if key in ("name", "arrival"):
+        if not isinstance(value, str):
+            raise ValueError(f"{key} must be a string, got {json.dumps(value)}")
+        return value
+    if key in ("filler_prompt_len", "filler_output_len"):
+        return _range(key, value)
+    # fillers: a count, or the nested object to_dict writes
+    if isinstance(value, Mapping):
+        unknown = [k for k in value if k not in ("count", "prompt_len", "output_len", "seed")]
+        if unknown:
+            raise ValueError(f"unknown key 'fillers.{unknown[0]}' (known: count, prompt_len, output_len, seed)")
+        nested: dict[str, Any] = {}
+        if "count" in value:
+            nested["count"] = _int("fillers.count", value["count"])
+        if "seed" in value:
+            nested["seed"] = _int("fillers.seed", value["seed"])
+        for part in ("prompt_len", "output_len"):
+            if part in value:
+                nested[part] = _range(f"fillers.{part}", value[part])
+        return Fillers(**nested)
+    return _int(key, value)
+
+
+def _range(key: str, value: Any) -> tuple[int, int]:
+    if isinstance(value, str):
+        return _range_from_text(key, value)
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return _int(key, value[0]), _int(key, value[1])
+    return (_int(key, value),) * 2  # one number: a fixed length
+
+
+def _range_from_text(key: str, text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if not match:
+        raise ValueError(f"{key} must be a length or a range like 16-64, got {text!r}")
+    lo = int(match.group(1))
+    return lo, int(match.group(2) or lo)
+
+
+def _text_value(key: str, text: str) -> Any:
+    """A spec's text value converted for its key."""
+    text = text.strip()
+    if key in ("name", "arrival"):
+        return text
+    if key in ("order_seed", "chunk") and text.lower() in ("none", "null", ""):
+        return None
+    if key == "prefix_cache":
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"prefix_cache must be true or false, got {text!r}")
+    if key in ("filler_prompt_len", "filler_output_len"):
+        return _range_from_text(key, text)
+    if not re.fullmatch(r"-?\d+", text):
+        raise ValueError(f"{key} must be an integer, got {text!r}")
+    return int(text)
+
+
+# ------------------------------------------------------------------------------------------------ sources
+
+
+def parse_composition_spec(spec: str) -> Composition:
+    """`--composition "name=b4,max_batch=4,chunk=16"`; UserError on a bad key or value."""
+    fields: dict[str, str] = {}
+    for part in spec.split(","):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"--composition {spec!r}: expected key=value, got {part.strip()!r}")
+        if key in fields:
+            raise UserError(f"--composition {spec!r}: '{key}' given twice")
+        fields[key] = value
+    if not fields:
+        raise UserError(f"--composition {spec!r}: empty (give key=value pairs, e.g. max_batch=4)")
+    try:
+        return _build(fields, _text_value)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"--composition {spec!r}: {err}") from None
+
+
+def load_compositions(path: str | Path) -> list[Composition]:
+    path = Path(path)
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(name, None, None, "compositions file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(name, None, None, f"cannot read the compositions file: {err}") from None
+    entries: list[tuple[int | None, Any]] = []
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(name, err.lineno, None, f"malformed JSON: {err.msg}") from None
+        if not isinstance(data, list):
+            raise InputError(name, None, None, "a .json compositions file must hold a list of objects")
+        entries = [(_line_of_item(text, i), item) for i, item in enumerate(data)]
+    else:
+        for number, raw in enumerate(text.splitlines(), start=1):
+            if not raw.strip() or raw.lstrip().startswith(("#", "//")):
+                continue
+            try:
+                entries.append((number, json.loads(raw)))
+            except json.JSONDecodeError as err:
+                raise InputError(name, number, None, f"malformed JSON: {err.msg} (column {err.colno})") from None
+    compositions = []
+    for line, item in entries:
+        if not isinstance(item, dict):
+            raise InputError(name, line, None, "each composition must be a JSON object")
+        try:
+            compositions.append(Composition.from_dict(item))
+        except (ValueError, TypeError) as err:
+            raise InputError(name, line, _field_of(str(err), item), str(err)) from None
+    if not compositions:
+        raise InputError(name, None, None, "no compositions in the file")
+    return compositions
+
+
+def _line_of_item(text: str, index: int) -> int | None:
+    """The line where the index-th top-level object of a JSON list starts (None when it cannot be told)."""
+    decoder, position, depth_start = json.JSONDecoder(), text.index("[") + 1, 0
+    for i in range(index + 1):
+        while position < len(text) and text[position] in " \t\r\n,":
+            position += 1
+        depth_start = position
+        try:
+            _, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return None
+        if i == index:
+            break
+    return text.count("\n", 0, depth_start) + 1
+
+
+def _field_of(message: str, item: Mapping[str, Any]) -> str | None:
+    """The field an error message is about: the quoted unknown key, or the key it starts with."""
+    quoted = re.match(r"unknown key '([^']+)'", message)
+    if quoted:
+        return quoted.group(1)
+    first = re.match(r"([a-z_.]+)", message)
+    return first.group(1) if first and first.group(1).split(".")[0] in item else None
+
+
+def resolve_compositions(path: Path | None, specs: Sequence[str]) -> list[Composition]:
+    """The compositions of a run, the reference first. File entries come before --composition flags."""
+    compositions: list[Composition] = []
+    if path is not None:
+        compositions.extend(load_compositions(path))
+    compositions.extend(parse_composition_spec(spec) for spec in specs)
+    if not compositions:
+        compositions = list(DEFAULT_COMPOSITIONS)
+    seen: set[str] = set()
+    for composition in compositions:
+        if composition.name in seen:
+            raise UserError(f"two compositions are named '{composition.name}'; give each a distinct name=")
+        seen.add(composition.name)
+    reference = next((c for c in compositions if c.name == REFERENCE), compositions[0])
+    return [reference] + [c for c in compositions if c is not reference]
+
+
+# -------------------------------------------------------------------------------------- order and fillers
+
+
+def arrival_order(n_cases: int, composition: Composition, repeat: int) -> list[int]:
+    """Case indices in arrival order: suite order for an unshuffled first repeat, else a seeded shuffle."""
+    order = list(range(n_cases))
+    if composition.order_seed is None and repeat == 0:
+        return order
+    # A string seed is hashed with SHA-512 by random.Random: stable across processes and PYTHONHASHSEED.
+    random.Random(f"order:{composition.order_seed}:{repeat}").shuffle(order)
+    return order
+
+
+@dataclass(frozen=True)
+class FillerRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    arrival: int  # engine step at which it may be scheduled
+
+
+def make_fillers(composition: Composition, vocab_size: int, avoid_ids: Collection[int], repeat: int,
+                 n_cases: int) -> list[FillerRequest]:
+    fillers = composition.fillers
+    if fillers.count == 0:
+        return []
+    avoid = {i for i in avoid_ids if 0 <= i < vocab_size}
+    if len(avoid) >= vocab_size:
+        raise ValueError("no token ids left to draw fillers from")
+    rng = random.Random(f"fillers:{fillers.seed}:{repeat}")
+
+    def draw_token() -> int:
+        while True:  # rejection: the special ids are a handful among tens of thousands
+            token = rng.randrange(vocab_size)
+            if token not in avoid:
+                return token
+
+    arrivals = _arrivals(composition, n_cases)
+    requests = []
+    for k in range(fillers.count):
+        length = rng.randint(*fillers.prompt_len)
+        prompt = [draw_token() for _ in range(length)]
+        requests.append(FillerRequest(prompt, rng.randint(*fillers.output_len), arrivals[k]))
+    return requests
+
+
+def _arrivals(composition: Composition, n_cases: int) -> list[int]:
+    count = composition.fillers.count
+    if composition.arrival == "together":
+        return [0] * count
+    waves = max(1, math.ceil(n_cases / composition.max_batch))
+    horizon = waves * composition.fillers.output_len[1]
+    return [1 + (k * horizon) // count for k in range(count)]
