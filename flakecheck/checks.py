@@ -402,8 +402,15 @@ def _json_passes(output: str, check: Check) -> bool:
 def _json_equal(got: Any, want: Any) -> bool:
     # Strings compare after whitespace normalisation and case folding: "New York" vs "new york " is the same
     # extracted value for an eval's purposes; everything else compares as JSON values.
+    # A number and a numeric string ("34" vs 34) are the same extracted value too.
     if isinstance(got, str) and isinstance(want, str):
         return normalise_whitespace(got).casefold() == normalise_whitespace(want).casefold()
+    if _is_number(got) and isinstance(want, str) or _is_number(want) and isinstance(got, str):
+        text, number = (want, got) if _is_number(got) else (got, want)
+        whole = _NUMBER.fullmatch(text.strip())
+        return whole is not None and math.isclose(float(whole.group(0).replace(",", "")), number)
+    if isinstance(got, bool) != isinstance(want, bool):  # JSON true is not 1
+        return False
     return bool(got == want)
 
 

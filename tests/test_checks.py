@@ -43,6 +43,8 @@ CASES = [
     ({"type": "is-json"}, [], '```json\n{"a": [1, 2]}\n```', "not json"),
     ({"type": "json", "required": ["name", "age"]}, [], 'Here: {"name": "Ann", "age": 3}', '{"name": "Ann"}'),
     ({"type": "json", "value": {"city": "New York"}}, [], '{"city": "new york", "x": 1}', '{"city": "Boston"}'),
+    ({"type": "json", "value": {"age": 34}}, [], '{"age": "34"}', '{"age": "34 years"}'),
+    ({"type": "json", "value": {"ok": True}}, [], '{"ok": true}', '{"ok": 1}'),
     ({"type": "contains-any", "value": ["cat", "dog"]}, [], "a dog", "a bird"),
     ({"type": "contains-any", "value": "cat, dog"}, [], "a cat", "a bird"),
     ({"type": "contains-any"}, ["cat", "dog"], "dog", "bird"),
