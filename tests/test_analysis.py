@@ -1,0 +1,92 @@
+"""Properties of the analysis: first divergence, risk, statuses, verdicts — on synthetic traces."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flakecheck.analysis import Thresholds, analyse, first_divergence, risk_score
+from flakecheck.checks import parse_check
+from flakecheck.replay import Trace
+from flakecheck.suite import Case
+
+tokens = st.lists(st.integers(0, 5), max_size=12)
+
+
+@given(tokens, tokens)
+def test_first_divergence_is_the_first_differing_step(a: list[int], b: list[int]) -> None:
+    d = first_divergence(a, b)
+    if a == b:
+        assert d is None
+        return
+    assert d is not None and a[:d] == b[:d]
+    assert d == min(len(a), len(b)) or a[d] != b[d]
+
+
+@given(st.lists(st.floats(0, 5), max_size=20), st.integers(0, 19), st.floats(0, 1))
+def test_risk_is_a_probability_that_rises_as_a_gap_shrinks(gaps: list[float], i: int, shrink: float) -> None:
+    r = risk_score(gaps, 0.05)
+    assert 0.0 <= r <= 1.0
+    if gaps:
+        smaller = list(gaps)
+        smaller[i % len(gaps)] *= shrink
+        assert risk_score(smaller, 0.05) >= r
+        assert risk_score([*gaps, 0.0], 0.05) == 1.0
+    assert risk_score([], 0.05) == 0.0
+    assert math.isclose(risk_score([0.05], 0.05), math.exp(-1))
+
+
+def _trace(case_id: str, comp: str, ids: list[int], gaps: list[float], repeat: int = 0) -> Trace:
+    top1 = [-0.1] * len(ids)
+    return Trace(case_id, comp, repeat, ids, ids, top1, [i + 100 for i in ids],
+                 [lp - g for lp, g in zip(top1, gaps)], "length")
+
+
+TEXT = {1: "A", 2: "B", 3: "C", 4: "D", 5: "E"}
+
+
+def _decode(ids: list[int]) -> str:
+    return "".join(TEXT.get(i, "?") for i in ids)
+
+
+def _case(case_id: str, target: str | None = None) -> Case:
+    checks = (parse_check({"type": "starts-with", "value": target}, "s.jsonl", 1, "checks"),) if target else ()
+    return Case(case_id, "q", (), checks, None, {}, 1)
+
+
+def test_cases_table_reports_the_earliest_divergence_and_its_tokens() -> None:
+    ref = _trace("a", "solo", [1, 2, 3, 4], [1.0, 0.5, 0.01, 2.0])
+    late = _trace("a", "batch8", [1, 2, 3, 5], [1.0] * 4)
+    early = _trace("a", "chunked", [1, 2, 4, 4], [1.0] * 4)
+    same = _trace("a", "prefix", [1, 2, 3, 4], [1.0] * 4)
+    tables = analyse([ref, late, early, same], [_case("a", "ABC")], "solo", Thresholds(0.05, 50), _decode,
+                     lambda t: TEXT[t])
+    row = tables.cases[0]
+    assert (row["first_divergence"], row["divergence_composition"]) == (2, "chunked")
+    assert (row["ref_token"], row["alt_token"]) == (TEXT[ref.token_ids[2]], TEXT[early.token_ids[2]])
+    assert math.isclose(row["gap_at_divergence"], 0.01, rel_tol=1e-6)
+    assert row["n_distinct_outputs"] == 3 and row["n_compositions"] == 4
+    # "ABCD", "ABCE" and "ABDD" vs starts-with ABC: the chunked run fails, so the verdict flips.
+    assert row["verdict_flip"] and row["status"] == "verdict_flaky"
+    assert math.isclose(row["pass_rate"], 3 / 4)
+    by_comp = {r["composition"]: r["first_divergence"] for r in tables.runs}
+    assert by_comp == {"solo": None, "batch8": 3, "chunked": 2, "prefix": None}
+    assert len(tables.tokens) == 16
+
+
+def test_status_needs_a_near_tie_inside_the_window_for_fragile() -> None:
+    tie_late = [_trace("a", "solo", [1, 2, 3], [1.0, 1.0, 0.01]), _trace("a", "b", [1, 2, 3], [1.0] * 3)]
+    inside = analyse(tie_late, [_case("a")], "solo", Thresholds(0.05, 3), _decode, TEXT.get).cases[0]
+    outside = analyse(tie_late, [_case("a")], "solo", Thresholds(0.05, 2), _decode, TEXT.get).cases[0]
+    assert (inside["status"], inside["n_near_ties"]) == ("fragile", 1)
+    assert (outside["status"], outside["n_near_ties"]) == ("stable", 0)
+    assert outside["risk"] < inside["risk"]
+    assert inside["pass_rate"] is None and not inside["verdict_flip"]
+
+
+def test_divergence_without_checks_is_flaky_not_verdict_flaky() -> None:
+    traces = [_trace("a", "solo", [1, 2], [1.0, 1.0]), _trace("a", "b", [1, 3], [1.0, 1.0])]
+    row = analyse(traces, [_case("a")], "solo", Thresholds(), _decode, TEXT.get).cases[0]
+    assert row["status"] == "flaky" and row["first_divergence"] == 1
