@@ -1,0 +1,38 @@
+"""The `invariant` policy on the torch backend: every reduction in a fixed order, so a row's
+result never depends on what it is batched with (see torch_twins for the measurements)."""
+
+from __future__ import annotations
+
+import torch
+from flakecheck.kernels.ops import AttentionBatch, Ops
+from flakecheck.kernels.torch_twins import (
+    ROW_BLOCK,
+    chunked_attention,
+    finish_linear,
+    fixed_order_matmul,
+    fp32_weight,
+    rmsnorm_from_sumsq,
+)
+
+KV_SPLIT_SIZE = 256  # keys a split, whatever the batch; the last split is masked past the row
+
+
+class InvariantTorchOps(Ops):
+    policy = "invariant"
+    backend = "torch"
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return finish_linear(fixed_order_matmul(x.float(), fp32_weight(weight)), bias, x.dtype)
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        return rmsnorm_from_sumsq(x32, (x32 * x32).sum(-1, keepdim=True), weight, eps, x.dtype)
+
+    def log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        # ATen's CPU log-softmax gives one thread a whole row in a length-determined order
+        # (measured row-invariant for 1..512 rows of 49152); it is the fixed-order kernel here.
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+                  scale: float) -> torch.Tensor:
+        return chunked_attention(q, k_cache, v_cache, batch, scale, KV_SPLIT_SIZE, ROW_BLOCK)
