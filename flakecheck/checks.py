@@ -443,5 +443,7 @@ def check_label(check: Check) -> str:
 
 
 def _short(text: str, limit: int = 30) -> str:
-    clipped = text if len(text) <= limit else text[: limit - 1] + "…"
-    return repr(clipped)
+    # Quoted but not repr()-escaped, so a regex reads as written; newlines shown as \n to keep one line.
+    flat = text.replace("\n", "\\n")
+    clipped = flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return f"'{clipped}'"
