@@ -269,7 +269,7 @@ def load_compositions(path: str | Path) -> list[Composition]:
             raise InputError(name, None, None, "a .json compositions file must hold a list of objects")
         entries = [(_line_of_item(text, i), item) for i, item in enumerate(data)]
     else:
-        for number, raw in enumerate(text.splitlines(), start=1):
+        for number, raw in enumerate(text.split("\n"), start=1):
             if not raw.strip() or raw.lstrip().startswith(("#", "//")):
                 continue
             try:

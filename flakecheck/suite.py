@@ -108,7 +108,7 @@ def load_suite(path: str | Path) -> Suite:
     unknown_keys: set[str] = set()
     unnumbered = 0
     auto_numbered: set[int] = set()  # lines whose case got its id from its position
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.split("\n"), start=1):
         stripped = raw.strip()
         if not stripped or stripped.startswith(("#", "//")):
             continue

@@ -7,6 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flakecheck.checks import grade
 from flakecheck.errors import InputError, UserError
@@ -17,7 +19,9 @@ DEMO = Path(__file__).resolve().parent.parent / "suites" / "demo.jsonl"
 
 def write_suite(tmp_path: Path, lines: list[object], name: str = "cases.jsonl") -> Path:
     path = tmp_path / name
-    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n", encoding="utf-8")
+    # ensure_ascii=False as editors write files: U+2028 and friends stay raw inside strings.
+    text = "\n".join(x if isinstance(x, str) else json.dumps(x, ensure_ascii=False) for x in lines)
+    path.write_text(text + "\n", encoding="utf-8")
     return path
 
 
@@ -232,3 +236,42 @@ def test_demo_suite_shares_a_system_prompt_across_about_a_third() -> None:
     systems = Counter(c.input[0]["content"] for c in load_suite(DEMO).cases
                       if c.is_chat and c.input[0]["role"] == "system")
     assert systems and systems.most_common(1)[0][1] >= 30
+
+
+# Correct answers written for a sample of each kind: the demo's checks must accept what a right answer looks like.
+CORRECT_ANSWERS = {
+    "qa-04": "Au", "qa-09": "Carbon dioxide (CO2).", "qa-21": " Rome.",
+    "math-13": "1,024", "math-19": "-7", "math-20": "0.75",
+    "mc-01": "B", "mc-17": "B", "mc-18": "D) 37",
+    "write-08": "I received the package yesterday.",
+    "extract-01": '{"name": "Maria", "age": 34, "city": "Lisbon"}',
+    "extract-12": '```json\n{"company": "Acme Corporation", "year": 1987, "state": "Ohio"}\n```',
+    "extract-16": "script",
+    "code-08": "def factorial(n):\n    return 1 if n <= 1 else n * factorial(n - 1)",
+    "code-10": "ls -la", "code-15": "{'a': 1, 'b': 2}", "code-16": " max(values)", "code-18": " x * x",
+}
+
+
+@pytest.mark.parametrize(("case_id", "answer"), sorted(CORRECT_ANSWERS.items()))
+def test_demo_checks_accept_a_correct_answer_and_reject_an_empty_one(case_id: str, answer: str) -> None:
+    case = next(c for c in load_suite(DEMO).cases if c.id == case_id)
+    assert grade(answer, case.checks, case.targets) is True
+    assert grade("", case.checks, case.targets) is False
+
+
+ids = st.text(min_size=1, max_size=20).filter(lambda s: s.strip() == s and s != "")
+texts = st.text(min_size=1, max_size=50).filter(lambda s: s.strip() != "")
+
+
+@settings(max_examples=50, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(ids, texts, st.lists(st.text(max_size=10), max_size=3)), min_size=1, max_size=5,
+                     unique_by=lambda r: r[0]))
+def test_any_ids_inputs_and_targets_load_back_unchanged(tmp_path: Path, rows: list[tuple[str, str, list[str]]]) -> None:
+    path = write_suite(tmp_path, [{"id": i, "input": text, "target": targets} for i, text, targets in rows])
+    cases = load_suite(path).cases
+    assert [(c.id, c.input, list(c.targets)) for c in cases] == rows
+
+
+def test_unicode_line_separators_inside_strings_do_not_split_lines(tmp_path: Path) -> None:
+    suite = load(tmp_path, [{"id": "a", "input": "one\u2028two\x85three"}, {"id": "b", "input": "x"}])
+    assert suite.cases[0].input == "one\u2028two\x85three" and suite.cases[1].line == 2
