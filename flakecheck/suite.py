@@ -7,8 +7,8 @@ Accepted per line (a JSON object):
 - input: `input` (a string is a raw completion prompt; a list of `{role, content}` messages is chat, as in
   inspect_ai and OpenAI evals), `prompt` (string, raw completion), `messages` (chat list). A message's
   content may also be a list of `{"type": "text", "text": ...}` parts (OpenAI style), which are joined.
-  promptfoo test cases put the input under `vars`: `vars.input`, `vars.prompt` or `vars.question` is used
-  when none of the above is present.
+  promptfoo test cases put the input under `vars`: `vars.input`, `vars.prompt` or `vars.question` becomes
+  one user message when none of the above is present.
 - choices: inspect_ai's `choices` (list of strings) are appended to a string input as "A) ...", one a line;
   a case with choices and no checks gets a `choice` check against its target.
 - target: `target`, `ideal` (OpenAI evals), `expected`, `answer` (a string, a number, or a list of them).
@@ -231,7 +231,9 @@ def _input_from_vars(raw_vars: Any, fail: Callable[..., InputError]) -> tuple[An
             value = raw_vars[key]
             if not isinstance(value, str):
                 raise fail(f"vars.{key}", f"expected a string, got {_kind(value)}")
-            return value, "prompt"
+            # promptfoo renders its prompt template into a chat provider's user turn; one user message
+            # is the closest we get without the template.
+            return [{"role": "user", "content": value}], "input"
     return None, None
 
 

@@ -42,8 +42,9 @@ def test_raw_and_chat_inputs_under_every_alias(tmp_path: Path) -> None:
         {"id": "e", "vars": {"question": "promptfoo var"}},
     ])
     by_id = {c.id: c for c in suite.cases}
-    assert [by_id[i].is_chat for i in "abcde"] == [False, True, False, True, False]
-    assert by_id["c"].input == "raw prompt" and by_id["d"].input == chat and by_id["e"].input == "promptfoo var"
+    assert [by_id[i].is_chat for i in "abcde"] == [False, True, False, True, True]
+    assert by_id["c"].input == "raw prompt" and by_id["d"].input == chat
+    assert by_id["e"].input == [{"role": "user", "content": "promptfoo var"}]
 
 
 def test_text_parts_in_message_content_are_joined(tmp_path: Path) -> None:
