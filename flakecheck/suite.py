@@ -96,11 +96,12 @@ def load_suite(path: str | Path) -> Suite:
         raise InputError(name, None, None, "is a directory, not a suite file") from None
     except OSError as err:
         raise InputError(name, None, None, f"cannot read the suite: {err.strerror or err}") from None
+    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data  # a BOM some editors write
     try:
-        text = data.decode("utf-8-sig")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise InputError(name, line, None, f"not UTF-8 (byte 0x{data[err.start]:02x})") from None
+        line = body.count(b"\n", 0, err.start) + 1
+        raise InputError(name, line, None, f"not UTF-8 (byte 0x{body[err.start]:02x})") from None
 
     warnings: list[str] = []
     cases: list[Case] = []

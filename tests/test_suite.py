@@ -209,6 +209,12 @@ def test_not_utf8_names_the_line(tmp_path: Path) -> None:
     assert info.value.line == 2 and "UTF-8" in info.value.message
 
 
+def test_a_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "input": "x"}\n')
+    assert [c.id for c in load_suite(path).cases] == ["a"]
+
+
 def test_loading_writes_nothing(tmp_path: Path) -> None:
     path = write_suite(tmp_path, [GOOD, {"id": "ok", "input": "dup"}])
     before = sorted(p.name for p in tmp_path.iterdir())
