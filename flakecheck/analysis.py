@@ -81,10 +81,13 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
                   decode: Callable[[list[int]], str], token_text: Callable[[int], str], tables: Tables) -> dict:
     earliest: tuple[int, Trace] | None = None
     verdicts: list[bool] = []
+    graded: dict[str, bool | None] = {}  # identical outputs are graded once (a regex may take its full timeout)
     for trace in traces:
         divergence = first_divergence(ref.token_ids, trace.token_ids)
         text = decode(trace.token_ids)
-        passed = grade(text, case.checks, case.targets)
+        if text not in graded:
+            graded[text] = grade(text, case.checks, case.targets)
+        passed = graded[text]
         if passed is not None:
             verdicts.append(passed)
         if divergence is not None and (earliest is None or divergence < earliest[0]):
