@@ -8,6 +8,9 @@ from typing import Any
 from flakecheck.errors import ModelError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# RoPE types whose frequencies transformers recomputes from each call's sequence length: a table
+# built once for all positions would not match them.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,17 @@ class ModelConfig:
     qk_norm: bool
     max_position_embeddings: int
     hf_config: Any
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # attention window of the layers that have one
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence the engine runs. Up to its window, sliding-window attention sees every
+        earlier token, so it equals full attention; past it the engine refuses instead of implementing
+        the window in every kernel policy."""
+        if self.sliding_window is None:
+            return self.max_position_embeddings
+        return min(self.max_position_embeddings, self.sliding_window)
 
     @classmethod
     def from_hf(cls, hf_config: Any, source: str = "model") -> ModelConfig:
@@ -41,6 +55,10 @@ class ModelConfig:
         act = getattr(hf_config, "hidden_act", "silu")
         if act != "silu":
             raise ModelError(f"{source}: hidden_act {act!r} is not supported (only silu)")
+        rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type in LENGTH_DEPENDENT_ROPE:
+            raise ModelError(f"{source}: RoPE type {rope_type!r} depends on the sequence length and is not supported")
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         return cls(
@@ -58,6 +76,8 @@ class ModelConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             max_position_embeddings=getattr(hf_config, "max_position_embeddings", 2048),
             hf_config=hf_config,
+            mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
+            sliding_window=_sliding_window(hf_config),
         )
 
 
@@ -68,3 +88,17 @@ def _architecture_from_model_type(model_type: str) -> str | None:
         "qwen2": "Qwen2ForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
     }.get(model_type)
+
+
+def _sliding_window(hf_config: Any) -> int | None:
+    """The window, if any layer uses one: Mistral applies `sliding_window` to every layer when set;
+    Qwen2/Qwen3 mark the windowed layers in `layer_types` (from use_sliding_window/max_window_layers)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None:
+        return int(window) if "sliding_attention" in layer_types else None
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    return int(window)

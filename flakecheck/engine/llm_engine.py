@@ -6,8 +6,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.loader import LoadedModel
 from flakecheck.engine.model_runner import ModelRunner
@@ -41,7 +39,7 @@ class LLMEngine:
         self.loaded, self.ops = model, ops or get_ops("native")
         config = model.config
         model_cls = MODEL_CLASSES[config.architecture]
-        self.model = model_cls(config, model.weights, self.ops, config.max_position_embeddings)
+        self.model = model_cls(config, model.weights, self.ops, config.max_context)
         self.max_num_seqs = max_num_seqs
         self.cache = KVCache(config.num_layers, max_num_seqs, config.num_kv_heads, config.head_dim, model.dtype)
         self.runner = ModelRunner(self.model, self.cache)
@@ -67,12 +65,13 @@ class LLMEngine:
         return hasattr(self, "scheduler") and self.scheduler.has_unfinished()
 
     def add_request(self, request: Request) -> None:
-        limit = self.loaded.config.max_position_embeddings
+        config = self.loaded.config
         seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival)
-        if seq.max_length > limit:
+        if seq.max_length > config.max_context:
+            what = "sliding window" if config.max_context != config.max_position_embeddings else "context"
             raise ValueError(
                 f"request {request.request_id!r}: {seq.num_prompt} prompt + {request.params.max_tokens} new "
-                f"tokens exceed the model's context of {limit}"
+                f"tokens exceed the model's {what} of {config.max_context}"
             )
         self.scheduler.add(seq)
 

@@ -83,7 +83,9 @@ def _download(hub_id: str) -> Path:
 
         local = snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.jinja", "*.txt"])
     except Exception as exc:  # offline, unknown id, gated repo: all one message
-        raise ModelError(f"{hub_id}: not a local path, and the hub could not provide it ({exc.__class__.__name__})")
+        raise ModelError(
+            f"{hub_id}: not a local path, and the hub could not provide it ({exc.__class__.__name__})"
+        ) from exc
     return Path(local)
 
 

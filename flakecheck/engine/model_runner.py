@@ -50,3 +50,19 @@ class ModelRunner:
     def run(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         batch, sampling = pack(scheduled)
         return self.model.forward(batch, self.cache), sampling
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, prompt_ids: list[int]) -> torch.Tensor:
+        """fp32 log-probabilities [len(prompt), vocab] at every prompt position, in one prefill
+        (what a scoring API returns, and what the parity test compares with transformers)."""
+        from flakecheck.engine.sequence import SamplingParams
+
+        seq = Sequence("prompt-logprobs", list(prompt_ids), SamplingParams(max_tokens=0))
+        seq.slot = self.cache.allocate()
+        try:
+            self.cache.ensure_length(seq.num_prompt)
+            batch, _ = pack([(seq, seq.num_prompt)])
+            batch.sample_rows = torch.arange(seq.num_prompt)
+            return self.model.forward(batch, self.cache)
+        finally:
+            self.cache.release(seq.slot)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from flakecheck.engine.sequence import Sequence, SeqStatus
+from flakecheck.engine.sequence import SeqStatus, Sequence
 
 
 class Scheduler:

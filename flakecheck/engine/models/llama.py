@@ -50,8 +50,9 @@ class LlamaForCausalLM:
             q_norm = RMSNorm(ops, w[f"{p}self_attn.q_norm.weight"], c.rms_norm_eps)
             k_norm = RMSNorm(ops, w[f"{p}self_attn.k_norm.weight"], c.rms_norm_eps)
         attn = Attention(ops, i, qkv, o_proj, c.num_heads, c.num_kv_heads, c.head_dim, self.rotary, q_norm, k_norm)
-        gate_up = Linear.fused(ops, [w[f"{p}mlp.gate_proj.weight"], w[f"{p}mlp.up_proj.weight"]])
-        down = Linear(ops, w[f"{p}mlp.down_proj.weight"])
+        mlp_biases = [w[f"{p}mlp.{n}.bias"] for n in ("gate_proj", "up_proj")] if c.mlp_bias else None
+        gate_up = Linear.fused(ops, [w[f"{p}mlp.gate_proj.weight"], w[f"{p}mlp.up_proj.weight"]], mlp_biases)
+        down = Linear(ops, w[f"{p}mlp.down_proj.weight"], w.get(f"{p}mlp.down_proj.bias"))
         return DecoderLayer(
             attn,
             gate_up,

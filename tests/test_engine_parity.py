@@ -1,0 +1,123 @@
+"""Parity with transformers' own forward pass on tiny random Llama-family models, in fp32.
+
+What is compared: full fp32 log-softmax vectors over the vocabulary (the engine's output; a
+log-softmax is the logits less one constant per row, so this bounds the logit differences up to
+that shift), at every prompt position of a prefill and at each of 32 decode steps, plus the greedy
+tokens against transformers' own `generate`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
+
+TOLERANCE = 1e-4
+DECODE_STEPS = 32
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def _hf_logprobs(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = hf(torch.tensor([token_ids])).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def _hf_greedy(model_dir: Path, prompt: list[int], steps: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          do_sample=False, max_new_tokens=steps, min_new_tokens=steps)
+    return out[0, len(prompt):].tolist()
+
+
+def _engine_step_logprobs(engine: LLMEngine, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """The engine's generated tokens, and the full log-softmax it sampled each of them from."""
+    captured: list[torch.Tensor] = []
+    run = engine.runner.run
+
+    def recording_run(scheduled):  # type: ignore[no-untyped-def]
+        logprobs, sampling = run(scheduled)
+        captured.append(logprobs.clone())
+        return logprobs, sampling
+
+    engine.runner.run = recording_run  # type: ignore[method-assign]
+    completion = engine.generate([Request(0, prompt, SamplingParams(max_tokens=steps, ignore_eos=True))])[0]
+    return completion.token_ids, torch.cat(captured)
+
+
+def _prompt(model) -> list[int]:  # type: ignore[no-untyped-def]
+    return encode_prompt(model, [{"role": "user", "content": "What is the capital of France? Answer briefly."}])
+
+
+def _llama3_rope_dir(src: Path, dst: Path) -> Path:
+    """The tiny Llama with Llama-3 RoPE scaling, so the parity test covers a scaled rope type."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["rope_parameters"] = {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+    }
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.fixture(params=[*ARCHITECTURES, "llama3-rope"])
+def model_dir(request: pytest.FixtureRequest, tiny_model_factory, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    if request.param == "llama3-rope":
+        return _llama3_rope_dir(tiny_model_factory("llama"), tmp_path_factory.mktemp("llama3") / "model")
+    return tiny_model_factory(request.param)
+
+
+def test_prefill_matches_transformers_at_every_prompt_position(model_dir: Path) -> None:
+    model = load_model(str(model_dir), "float32")
+    prompt = _prompt(model)
+    engine = LLMEngine(model)
+    ours = engine.runner.prompt_logprobs(prompt)
+    reference = _hf_logprobs(model_dir, prompt)
+    assert ours.shape == reference.shape
+    assert (ours - reference).abs().max().item() <= TOLERANCE
+
+
+def test_decode_steps_match_transformers(model_dir: Path) -> None:
+    model = load_model(str(model_dir), "float32")
+    prompt = _prompt(model)
+    tokens, ours = _engine_step_logprobs(LLMEngine(model), prompt, DECODE_STEPS)
+    # transformers' forward over prompt + generated tokens gives the distribution of every step at once
+    reference = _hf_logprobs(model_dir, prompt + tokens[:-1])[len(prompt) - 1 :]
+    assert ours.shape == reference.shape == (DECODE_STEPS, model.config.vocab_size)
+    assert (ours - reference).abs().max().item() <= TOLERANCE
+    assert tokens == reference.argmax(dim=-1).tolist()
+
+
+def test_greedy_tokens_match_transformers_generate(model_dir: Path) -> None:
+    model = load_model(str(model_dir), "float32")
+    prompt = _prompt(model)
+    completion = LLMEngine(model).generate(
+        [Request(0, prompt, SamplingParams(max_tokens=DECODE_STEPS, ignore_eos=True))]
+    )[0]
+    assert completion.token_ids == _hf_greedy(model_dir, prompt, DECODE_STEPS)
+
+
+def test_top2_is_the_two_best_of_the_distribution(tiny_model_dir: Path) -> None:
+    model = load_model(str(tiny_model_dir), "float32")
+    prompt = _prompt(model)
+    engine = LLMEngine(model)
+    tokens, logprobs = _engine_step_logprobs(engine, prompt, 8)
+    completion = LLMEngine(model).generate([Request(0, prompt, SamplingParams(max_tokens=8, ignore_eos=True))])[0]
+    best = logprobs.topk(2, dim=-1)
+    assert completion.top1_ids == completion.token_ids == best.indices[:, 0].tolist()
+    assert completion.top2_ids == best.indices[:, 1].tolist()
+    assert completion.top1_logprobs == pytest.approx(best.values[:, 0].tolist(), abs=1e-6)
+    assert completion.top2_logprobs == pytest.approx(best.values[:, 1].tolist(), abs=1e-6)
+    assert all(a >= b for a, b in zip(completion.top1_logprobs, completion.top2_logprobs))
