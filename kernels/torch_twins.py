@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -125,92 +124,84 @@ def split_row_log_softmax(logits32: torch.Tensor, splits: int) -> torch.Tensor:
 
 def chunked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                       scale: float, chunk_size: int, row_block: int) -> torch.Tensor:
-    """Causal attention of packed q [T, H, D] over the cache, all reductions in fp32."""
+    """Causal attention of packed q [T, H, D] over the cache, all reductions in fp32.
+
+    Decode rows (one query per sequence) go in one batched call; each prefill chunk in its own.
+    A query row's work is the same in either: its `group` query heads padded to whole row blocks,
+    the same key chunks, the same mask (keys at or before its own position)."""
     heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
     out = torch.empty_like(q)
     decode = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
     if decode:
-        rows = torch.tensor([batch.query_starts[i] for i in decode])
-        ctx = [batch.context_lens[i] for i in decode]
-        keys, values = _gather_kv(k_cache, v_cache, [batch.slots[i] for i in decode], max(ctx), chunk_size)
-        qg = q[rows].float().view(len(decode), kv_heads, group, head_dim)
-        limits = torch.tensor(ctx)[:, None].expand(len(decode), group)
+        rows = torch.tensor([batch.query_starts[i] for i in decode]) if len(decode) < batch.num_seqs else None
+        ctx = batch.context_lens_t if rows is None else batch.context_lens_t[decode]
+        slots = batch.slots_t if rows is None else batch.slots_t[decode]
+        qd = q if rows is None else q[rows]
+        keys, values = _gather_kv(k_cache, v_cache, slots, max(batch.context_lens[i] for i in decode), chunk_size)
+        qg = qd.view(len(decode), kv_heads, group, head_dim)
+        limits = ctx[:, None].expand(len(decode), group)
         o = _chunk_reduce(qg, keys, values, limits, scale, chunk_size, row_block)
-        out[rows] = o.reshape(len(decode), heads, head_dim).to(q.dtype)
+        o = o.reshape(len(decode), heads, head_dim).to(q.dtype)
+        if rows is None:
+            out = o
+        else:
+            out[rows] = o
     for i in range(batch.num_seqs):
         n = batch.query_len(i)
         if n == 1:
             continue
-        lo, ctx = batch.query_starts[i], batch.context_lens[i]
-        keys, values = _gather_kv(k_cache, v_cache, [batch.slots[i]], ctx, chunk_size)
+        lo, ctx_i = batch.query_starts[i], batch.context_lens[i]
+        keys, values = _gather_kv(k_cache, v_cache, batch.slots_t[i : i + 1], ctx_i, chunk_size)
         # rows of one KV head: the n query positions times the `group` query heads sharing it
-        qg = q[lo : lo + n].float().view(n, kv_heads, group, head_dim).permute(1, 0, 2, 3)
-        qg = qg.reshape(1, kv_heads, n * group, head_dim)
-        positions = torch.arange(ctx - n, ctx)
-        limits = (positions + 1).repeat_interleave(group)[None, :]
+        qg = q[lo : lo + n].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, n * group, head_dim)
+        limits = torch.arange(ctx_i - n + 1, ctx_i + 1).repeat_interleave(group)[None, :]
         o = _chunk_reduce(qg, keys, values, limits, scale, chunk_size, row_block)
-        o = o.view(kv_heads, n, group, head_dim).permute(1, 0, 2, 3)
-        out[lo : lo + n] = o.reshape(n, heads, head_dim).to(q.dtype)
+        out[lo : lo + n] = o.view(kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, heads, head_dim)
     return out
 
 
-def _gather_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: list[int], context: int,
+def _gather_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, context: int,
                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 [B, KVH, L, D] keys and values of `slots`, L = context rounded up to whole chunks
-    (positions past the cache are zero; they are masked, and 0 * finite = 0 keeps sums exact)."""
+    """fp32 [B, KVH, chunks, chunk_size, D] keys and values of `slots`, the context rounded up to
+    whole chunks. Positions past the cache are zero; positions past a sequence's own length hold
+    finite values (zeros or an earlier sequence's) and are masked: 0 * finite keeps sums exact."""
+    b, kv_heads, head_dim = slots.shape[0], k_cache.shape[2], k_cache.shape[3]
     padded = math.ceil(context / chunk_size) * chunk_size
     take = min(padded, k_cache.shape[1])
-    index = torch.tensor(slots)
-    keys = k_cache[index, :take].float()
-    values = v_cache[index, :take].float()
-    if take < padded:
-        keys, values = pad_rows(keys, padded, dim=1), pad_rows(values, padded, dim=1)
-    # positions at or past `context` may hold stale rows of an earlier sequence: zero them so
-    # no inf/NaN there can leak through 0 * x
-    if context < padded:
-        keys[:, context:] = 0
-        values[:, context:] = 0
-    return keys.transpose(1, 2), values.transpose(1, 2)
+    make = torch.empty if take == padded else torch.zeros
+    result = []
+    for cache in (k_cache, v_cache):
+        buf = make(b, kv_heads, padded, head_dim, dtype=torch.float32)
+        buf[:, :, :take].copy_(cache[slots, :take].transpose(1, 2))
+        result.append(buf.view(b, kv_heads, padded // chunk_size, chunk_size, head_dim))
+    return result[0], result[1]
 
 
 def _chunk_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, limits: torch.Tensor,
                   scale: float, chunk_size: int, row_block: int) -> torch.Tensor:
-    """qg [B, KVH, R, D] attends to keys/values [B, KVH, L, D]; row r of sequence b sees the
-    first limits[b, r] keys. Returns [B, KVH, R, D] fp32."""
+    """qg [B, KVH, R, D] attends to keys/values [B, KVH, chunks, C, D]; row r of sequence b sees
+    the first limits[b, r] keys. Every chunk is reduced on its own (one batched matmul over all
+    chunks), then the chunks are combined in index order. Returns [B, KVH, R, D] fp32."""
     rows = qg.shape[2]
-    qg = pad_rows(qg, row_block, dim=2)
+    qs = pad_rows(qg.float() * scale, row_block, dim=2).unsqueeze(2)  # [B, KVH, 1, Rp, D]
     limits = pad_rows(limits, row_block, dim=1).clamp(min=1)  # padded rows see one key: no 0/0
-    limits = limits[:, None, :, None]
-    maxes, sums, outs = [], [], []
-    for start in range(0, keys.shape[2], chunk_size):
-        k = keys[:, :, start : start + chunk_size]
-        v = values[:, :, start : start + chunk_size]
-        scores = torch.matmul(qg, k.transpose(-1, -2)) * scale
-        visible = torch.arange(start, start + k.shape[2])[None, None, None, :] < limits
-        scores = scores.masked_fill(~visible, NEG_INF)
-        m = scores.amax(-1, keepdim=True)
-        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        p = torch.exp(scores - m_safe)
-        maxes.append(m)
-        sums.append(p.sum(-1, keepdim=True))
-        outs.append(torch.matmul(p, v))
-    return _combine(maxes, sums, outs)[:, :, :rows]
-
-
-def _combine(maxes: list[torch.Tensor], sums: list[torch.Tensor], outs: list[torch.Tensor]) -> torch.Tensor:
-    """Flash-decoding's reduction over splits, in split order: rescale each split to the global max."""
-    top = maxes[0]
-    for m in maxes[1:]:
-        top = torch.maximum(top, m)
-    weight_of: Callable[[torch.Tensor], torch.Tensor] = lambda m: torch.where(
-        torch.isinf(m), torch.zeros_like(m), torch.exp(m - top)
-    )
-    w = weight_of(maxes[0])
-    total, acc = sums[0] * w, outs[0] * w
-    for m, s, o in zip(maxes[1:], sums[1:], outs[1:]):
-        w = weight_of(m)
-        total = total + s * w
-        acc = acc + o * w
-    return acc / total
+    n_chunks = keys.shape[2]
+    key_pos = torch.arange(n_chunks * chunk_size).view(1, 1, n_chunks, 1, chunk_size)
+    bias = torch.where(key_pos < limits[:, None, None, :, None], 0.0, NEG_INF)  # [B, 1, chunks, Rp, C]
+    scores = torch.matmul(qs, keys.transpose(-1, -2)) + bias  # [B, KVH, chunks, Rp, C]
+    m = scores.amax(-1, keepdim=True)
+    p = torch.exp(scores - torch.nan_to_num(m, neginf=0.0))
+    sums = p.sum(-1, keepdim=True)
+    outs = torch.matmul(p, values)  # [B, KVH, chunks, Rp, D]
+    if n_chunks == 1:  # the general combine below with one chunk: weight exp(0) = 1 exactly
+        return (outs[:, :, 0] / sums[:, :, 0])[:, :, :rows]
+    # Flash-decoding's reduction over splits, in split order, each rescaled to the global max
+    # (chunk 0 is always visible, so the max is finite and a masked chunk weighs exp(-inf) = 0)
+    weights = torch.exp(m - m.amax(2, keepdim=True))
+    total, acc = sums[:, :, 0] * weights[:, :, 0], outs[:, :, 0] * weights[:, :, 0]
+    for c in range(1, n_chunks):
+        total = total + sums[:, :, c] * weights[:, :, c]
+        acc = acc + outs[:, :, c] * weights[:, :, c]
+    return (acc / total)[:, :, :rows]

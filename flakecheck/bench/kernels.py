@@ -1,0 +1,151 @@
+"""`flakecheck bench kernels`: what each kernel policy costs on this machine.
+
+For SmolLM2-135M (bf16, the torch backend), per op on the model's own shapes and for one whole
+decode step of the model at batch 1, 16 and 64 (every sequence 128 tokens into its context),
+the median time of each policy. Policies are timed interleaved in one process (native,
+invariant, splitk, native, ...) so drift in machine load hits them alike. The last line is one
+JSON object; `invariant_overhead` and `splitk_overhead` are the decode-step time over native's,
+geometric mean over the batch sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from flakecheck.engine.forward_batch import ForwardBatch
+from flakecheck.engine.kv_cache import KVCache
+from flakecheck.engine.loader import LoadedModel, load_model
+from flakecheck.engine.models import MODEL_CLASSES
+from flakecheck.kernels import AttentionBatch, Ops, get_ops
+from flakecheck.kernels.torch_twins import fp32_weight
+
+POLICIES = ("native", "invariant", "splitk")
+CONTEXT = 128
+
+
+def main(json_out: bool = False, quick: bool = False) -> None:
+    batch_sizes, repeats = ((1, 16), 2) if quick else ((1, 16, 64), 5)
+    torch.manual_seed(0)
+    loaded = load_model("smollm2", "bfloat16")
+    ops = {policy: get_ops(policy, "torch", "h100", "cpu") for policy in POLICIES}
+    models = {policy: _model(loaded, o) for policy, o in ops.items()}
+    fp32_bytes = _warm_fp32_copies(models["invariant"])
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for batch in batch_sizes:
+        cases = _op_cases(loaded, batch)
+        cases["decode_step"] = lambda o, b=batch: _decode_step(models[o.policy], loaded, b)
+        for name, make in cases.items():
+            timings = _interleaved({p: make(ops[p]) for p in POLICIES}, repeats)
+            results.setdefault(f"batch_{batch}", {})[name] = timings
+            if not json_out:
+                cells = "  ".join(f"{p} {timings[p] * 1e3:8.2f} ms" for p in POLICIES)
+                print(f"batch {batch:3d}  {name:12s} {cells}", flush=True)
+    ratios = {p: [results[f"batch_{b}"]["decode_step"][p] / results[f"batch_{b}"]["decode_step"]["native"]
+                  for b in batch_sizes] for p in ("invariant", "splitk")}
+    summary = {
+        "bench": "kernels",
+        "model": "smollm2",
+        "dtype": "bfloat16",
+        "backend": "torch",
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "batch_sizes": list(batch_sizes),
+        "repeats": repeats,
+        "median_ms": {b: {op: {p: round(t * 1e3, 3) for p, t in per.items()} for op, per in ops_.items()}
+                      for b, ops_ in results.items()},
+        "fp32_weight_copy_mb": round(fp32_bytes / 2**20, 1),
+        "invariant_overhead": round(_geomean(ratios["invariant"]), 3),
+        "splitk_overhead": round(_geomean(ratios["splitk"]), 3),
+    }
+    print(json.dumps(summary))
+
+
+def _model(loaded: LoadedModel, ops: Ops):
+    config = loaded.config
+    return MODEL_CLASSES[config.architecture](config, loaded.weights, ops, config.max_position_embeddings)
+
+
+def _warm_fp32_copies(model) -> int:
+    """Make the fp32 weight copies the twins use before timing; return their size in bytes."""
+    weights = [model.lm_head.weight]
+    for layer in model.layers:
+        weights += [layer.attn.qkv.weight, layer.attn.o_proj.weight, layer.gate_up.weight, layer.down.weight]
+    return sum(fp32_weight(w).numel() * 4 for w in weights)
+
+
+def _op_cases(loaded: LoadedModel, batch: int) -> dict[str, Callable[[Ops], Callable[[], object]]]:
+    c, dtype = loaded.config, loaded.dtype
+    layer = "model.layers.0."
+    shapes = {
+        "qkv": (c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
+        "o_proj": c.hidden_size,
+        "gate_up": 2 * c.intermediate_size,
+        "down": c.hidden_size,
+        "lm_head": c.vocab_size,
+    }
+    cases: dict[str, Callable[[Ops], Callable[[], object]]] = {}
+    for name, n in shapes.items():
+        k = c.intermediate_size if name == "down" else (c.num_heads * c.head_dim if name == "o_proj" else c.hidden_size)
+        x = torch.randn(batch, k, dtype=dtype)
+        w = torch.randn(n, k, dtype=dtype) * k**-0.5
+        cases[name] = lambda o, x=x, w=w: (lambda: o.linear(x, w))
+    hidden = torch.randn(batch, c.hidden_size, dtype=dtype)
+    norm_w = loaded.weights[f"{layer}input_layernorm.weight"]
+    cases["rmsnorm"] = lambda o: (lambda: o.rmsnorm(hidden, norm_w, c.rms_norm_eps))
+    logits = torch.randn(batch, c.vocab_size, dtype=dtype) * 4
+    cases["log_softmax"] = lambda o: (lambda: o.log_softmax(logits))
+    k_cache = torch.randn(batch, CONTEXT + 64, c.num_kv_heads, c.head_dim, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(batch, c.num_heads, c.head_dim, dtype=dtype)
+    attn = _decode_attention_batch(batch)
+    cases["attention"] = lambda o: (lambda: o.attention(q, k_cache, v_cache, attn, c.head_dim**-0.5))
+    return cases
+
+
+def _decode_attention_batch(batch: int) -> AttentionBatch:
+    slots = list(range(batch))
+    lens = [CONTEXT] * batch
+    return AttentionBatch(slots, list(range(batch + 1)), lens, torch.tensor(slots), torch.tensor(lens))
+
+
+def _decode_step(model, loaded: LoadedModel, batch: int) -> Callable[[], object]:
+    """One decode step of `batch` sequences over a cache of random keys and values."""
+    c = loaded.config
+    cache = KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, loaded.dtype, length=CONTEXT + 64)
+    for t in cache.k + cache.v:
+        t.normal_()
+    fb = ForwardBatch(
+        token_ids=torch.randint(0, c.vocab_size, (batch,)),
+        positions=torch.full((batch,), CONTEXT - 1),
+        token_slots=torch.arange(batch),
+        attention=_decode_attention_batch(batch),
+        sample_rows=torch.arange(batch),
+    )
+
+    def step() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.forward(fb, cache)
+
+    return step
+
+
+def _interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    for call in calls.values():  # warm-up: allocator, first-touch of caches
+        call()
+    times: dict[str, list[float]] = {p: [] for p in calls}
+    for _ in range(repeats):
+        for policy, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[policy].append(time.perf_counter() - t0)
+    return {p: statistics.median(ts) for p, ts in times.items()}
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
