@@ -1,0 +1,260 @@
+"""`flakecheck gate RUN_DIR`: a CI regression gate. Exit 0 pass, 1 fail, 2 bad arguments or an
+unreadable run directory.
+
+The gate fails when any of these holds (quarantined cases are left out of every count):
+
+- the flaky rate, (flaky + verdict_flaky) / cases, exceeds `--max-flaky-rate`;
+- more cases than `--max-verdict-flips` change their pass/fail verdict across compositions;
+- with `--baseline`: a case newly diverges (stable or fragile in the baseline, flaky or
+  verdict_flaky now), or with `--fail-on-new-fragile` newly becomes fragile (stable before);
+- a quarantine entry has expired.
+
+Defaults when a threshold is not given:
+
+- without `--baseline`: `--max-flaky-rate 0` and `--max-verdict-flips 0`. Strict on purpose: the
+  run a CI gates is normally the fixed-order (`--kernels invariant`) one, where nothing may flip;
+  a production-like `splitk` run is gated with explicit budgets.
+- with `--baseline`: the baseline's own flaky rate and verdict-flip count ("no worse than the
+  baseline"), so known flakiness does not fail while every newly diverging case does.
+
+Quarantined cases (see flakecheck.quarantine) are reported and appear as `skipped` in JUnit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from flakecheck.errors import UserError
+from flakecheck.junit import write_junit
+from flakecheck.quarantine import QuarantineEntry, load_quarantine
+from flakecheck.reports.facts import DIVERGED, RunFacts, gather
+from flakecheck.reports.gate_summary import gate_markdown
+from flakecheck.rundir import RunData, atomic_write_text, load_run
+
+# Rates are compared with a little slack so "no worse than the baseline" holds for equal counts.
+RATE_EPSILON = 1e-9
+
+
+@dataclass
+class GateSettings:
+    max_flaky_rate: float
+    max_verdict_flips: int
+    fail_on_new_fragile: bool = False
+    rate_from_baseline: bool = False
+    flips_from_baseline: bool = False
+
+
+@dataclass
+class CaseOutcome:
+    """One case's result: `fail` (fails the gate), `flaky` (diverged, tolerated), `quarantined`, `pass`."""
+
+    case: dict[str, Any]
+    outcome: str
+    reasons: list[str] = field(default_factory=list)
+    baseline_status: str | None = None
+    quarantine: QuarantineEntry | None = None
+
+    @property
+    def case_id(self) -> str:
+        return str(self.case["case_id"])
+
+
+@dataclass
+class GateResult:
+    facts: RunFacts
+    settings: GateSettings
+    failures: list[str]
+    outcomes: list[CaseOutcome]
+    flaky_rate: float
+    n_judged: int
+    n_flaky: int
+    n_verdict_flips: int
+    new_divergent: list[str]
+    new_fragile: list[str]
+    expired: list[QuarantineEntry]
+    unknown_quarantined: list[str]
+    baseline: Path | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def with_outcome(self, outcome: str) -> list[CaseOutcome]:
+        return [o for o in self.outcomes if o.outcome == outcome]
+
+
+def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | None,
+                 max_verdict_flips: int | None, fail_on_new_fragile: bool, quarantine: Path | None,
+                 junit: Path | None, markdown: Path | None) -> int:
+    if max_flaky_rate is not None and not 0.0 <= max_flaky_rate <= 1.0:
+        raise UserError(f"--max-flaky-rate must be between 0 and 1, got {max_flaky_rate}")
+    if max_verdict_flips is not None and max_verdict_flips < 0:
+        raise UserError(f"--max-verdict-flips must be >= 0, got {max_verdict_flips}")
+    if fail_on_new_fragile and baseline is None:
+        raise UserError("--fail-on-new-fragile needs --baseline RUN_DIR to compare against")
+    run = load_run(run_dir)
+    base = load_run(baseline) if baseline is not None else None
+    entries = load_quarantine(quarantine) if quarantine is not None else []
+    result = evaluate(run, base, entries, max_flaky_rate, max_verdict_flips, fail_on_new_fragile, date.today())
+    text = gate_markdown(result)
+    for path, content in ((junit, None), (markdown, text)):
+        if path is None:
+            continue
+        try:
+            if content is None:
+                write_junit(result, path)
+            else:
+                atomic_write_text(path, content)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+    _append_step_summary(text)
+    print_result(result, Console())
+    return 0 if result.passed else 1
+
+
+def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEntry],
+             max_flaky_rate: float | None, max_verdict_flips: int | None, fail_on_new_fragile: bool,
+             today: date) -> GateResult:
+    """The gate's decision over a run (and optionally a baseline), without side effects."""
+    facts = gather(run)
+    active = {e.case_id: e for e in entries if not e.expired(today)}
+    expired = {e.case_id: e for e in entries if e.expired(today)}
+    judged = [c for c in facts.cases if str(c["case_id"]) not in active]
+    n_flaky, n_flips = _flaky_counts(judged)
+    rate = n_flaky / len(judged) if judged else 0.0
+    base_status: dict[str, str] = {}
+    settings = GateSettings(
+        max_flaky_rate if max_flaky_rate is not None else 0.0,
+        max_verdict_flips if max_verdict_flips is not None else 0,
+        fail_on_new_fragile,
+    )
+    notes: list[str] = []
+    if baseline is not None:
+        base_facts = gather(baseline)
+        base_status = {str(c["case_id"]): c["status"] for c in base_facts.cases}
+        base_judged = [c for c in base_facts.cases if str(c["case_id"]) not in active]
+        base_flaky, base_flips = _flaky_counts(base_judged)
+        if max_flaky_rate is None:
+            settings.max_flaky_rate = base_flaky / len(base_judged) if base_judged else 0.0
+            settings.rate_from_baseline = True
+        if max_verdict_flips is None:
+            settings.max_verdict_flips = base_flips
+            settings.flips_from_baseline = True
+        if base_facts.meta.get("suite_sha256") != facts.meta.get("suite_sha256"):
+            notes.append("the baseline was run on a different suite file (suite_sha256 differs); "
+                         "cases are matched by id")
+        missing = sorted(set(base_status) - {str(c["case_id"]) for c in facts.cases})
+        if missing:
+            notes.append(f"{len(missing)} baseline case(s) are not in this run: {', '.join(missing[:10])}")
+    rate_fails = rate > settings.max_flaky_rate + RATE_EPSILON
+    flips_fail = n_flips > settings.max_verdict_flips
+    outcomes = []
+    new_divergent, new_fragile = [], []
+    for c in facts.cases:
+        case_id = str(c["case_id"])
+        before = base_status.get(case_id)
+        outcome = CaseOutcome(c, "pass", baseline_status=before)
+        if case_id in active:
+            outcome.outcome, outcome.quarantine = "quarantined", active[case_id]
+            outcomes.append(outcome)
+            continue
+        if case_id in expired:
+            e = expired[case_id]
+            outcome.reasons.append(f"its quarantine entry expired on {e.expires.isoformat()}")
+        if before in ("stable", "fragile") and c["status"] in DIVERGED:
+            new_divergent.append(case_id)
+            outcome.reasons.append(f"newly diverges: {before} in the baseline, {c['status']} now")
+        if before == "stable" and c["status"] == "fragile":
+            new_fragile.append(case_id)
+            if fail_on_new_fragile:
+                outcome.reasons.append("newly fragile: stable in the baseline, a near-tie now")
+        if c["verdict_flip"] and flips_fail:
+            outcome.reasons.append(f"its verdict flips ({n_flips} flips > max {settings.max_verdict_flips})")
+        if c["status"] in DIVERGED and rate_fails:
+            outcome.reasons.append(f"flaky rate {rate:.1%} > max {settings.max_flaky_rate:.1%}")
+        if outcome.reasons:
+            outcome.outcome = "fail"
+        elif c["status"] in DIVERGED:
+            outcome.outcome = "flaky"
+        outcomes.append(outcome)
+    failures = _failures(rate, rate_fails, n_flips, flips_fail, settings, new_divergent, new_fragile,
+                         list(expired.values()))
+    known = {str(c["case_id"]) for c in facts.cases}
+    return GateResult(
+        facts=facts, settings=settings, failures=failures, outcomes=outcomes, flaky_rate=rate,
+        n_judged=len(judged), n_flaky=n_flaky, n_verdict_flips=n_flips, new_divergent=new_divergent,
+        new_fragile=new_fragile, expired=list(expired.values()),
+        unknown_quarantined=sorted(i for i in active if i not in known),
+        baseline=baseline.path if baseline is not None else None, notes=notes,
+    )
+
+
+def _flaky_counts(cases: list[dict[str, Any]]) -> tuple[int, int]:
+    return (sum(c["status"] in DIVERGED for c in cases), sum(bool(c["verdict_flip"]) for c in cases))
+
+
+def _failures(rate: float, rate_fails: bool, n_flips: int, flips_fail: bool, settings: GateSettings,
+              new_divergent: list[str], new_fragile: list[str], expired: list[QuarantineEntry]) -> list[str]:
+    failures = []
+    if rate_fails:
+        source = " (the baseline's)" if settings.rate_from_baseline else ""
+        failures.append(f"flaky rate {rate:.1%} exceeds the maximum {settings.max_flaky_rate:.1%}{source}")
+    if flips_fail:
+        source = " (the baseline's)" if settings.flips_from_baseline else ""
+        failures.append(f"{n_flips} verdict flip(s) exceed the maximum {settings.max_verdict_flips}{source}")
+    if new_divergent:
+        failures.append(f"{len(new_divergent)} case(s) newly diverge against the baseline: "
+                        f"{', '.join(new_divergent[:10])}{' …' if len(new_divergent) > 10 else ''}")
+    if new_fragile and settings.fail_on_new_fragile:
+        failures.append(f"{len(new_fragile)} case(s) are newly fragile: {', '.join(new_fragile[:10])}"
+                        f"{' …' if len(new_fragile) > 10 else ''}")
+    for e in expired:
+        failures.append(f"quarantine entry for {e.case_id!r} (line {e.line}) expired on {e.expires.isoformat()}")
+    return failures
+
+
+def _append_step_summary(text: str) -> None:
+    """GitHub Actions shows $GITHUB_STEP_SUMMARY on the run page; append, never fail the gate over it."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:
+        print(f"warning: cannot append to GITHUB_STEP_SUMMARY ({exc})", file=sys.stderr)
+
+
+def print_result(result: GateResult, console: Console) -> None:
+    facts = result.facts
+    verdict = "[bold green]PASSED[/]" if result.passed else "[bold red]FAILED[/]"
+    console.print(f"flakecheck gate {verdict}: {escape(facts.suite_name)} ({facts.n_cases} cases, "
+                  f"kernels {escape(facts.policy)}) — {escape(str(facts.path))}")
+    s = result.settings
+    console.print(f"  flaky rate {result.flaky_rate:.1%} (max {s.max_flaky_rate:.1%}"
+                  f"{', from the baseline' if s.rate_from_baseline else ''}) · verdict flips "
+                  f"{result.n_verdict_flips} (max {s.max_verdict_flips}"
+                  f"{', from the baseline' if s.flips_from_baseline else ''})")
+    if result.baseline is not None:
+        console.print(f"  baseline {escape(str(result.baseline))}: {len(result.new_divergent)} newly divergent, "
+                      f"{len(result.new_fragile)} newly fragile")
+    for failure in result.failures:
+        console.print(f"  [red]✗[/] {escape(failure)}")
+    for o in result.with_outcome("quarantined"):
+        q = o.quarantine
+        assert q is not None
+        console.print(f"  [dim]quarantined {escape(o.case_id)} ({o.case['status']}) until "
+                      f"{q.expires.isoformat()}: {escape(q.reason)}[/]")
+    for case_id in result.unknown_quarantined:
+        console.print(f"  [yellow]note:[/] quarantined id {escape(case_id)} is not in this run")
+    for note in result.notes:
+        console.print(f"  [yellow]note:[/] {escape(note)}")

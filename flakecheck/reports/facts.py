@@ -1,0 +1,187 @@
+"""The facts every report shows, computed once from a run directory (no model needed).
+
+Terminal, markdown, JSON, HTML and the gate all read these, so they never disagree about a count.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from flakecheck.rundir import STATUSES, RunData
+
+DIVERGED = ("flaky", "verdict_flaky")
+
+
+def clean(value: Any) -> Any:
+    """A parquet cell as plain Python: NaN/NA/None -> None, numpy scalars -> int/float/bool."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
+        try:
+            value = value.item()
+        except (ValueError, AttributeError):
+            return value
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def case_records(cases: pd.DataFrame) -> list[dict[str, Any]]:
+    """cases.parquet as plain dicts, riskiest first (ties by case id, so the order is stable)."""
+    records = [{k: clean(v) for k, v in row.items()} for row in cases.to_dict("records")]
+    return sorted(records, key=lambda r: (-(r["risk"] or 0.0), str(r["case_id"])))
+
+
+@dataclass
+class CompositionFacts:
+    name: str
+    is_reference: bool
+    diverged_cases: int
+    verdict_changes: int
+
+
+@dataclass
+class RunFacts:
+    path: Path
+    suite_name: str
+    model: str
+    dtype: str
+    policy: str
+    backend: str
+    profile: str
+    reference: str
+    gap_threshold: float
+    gap_window: int
+    n_cases: int
+    counts: dict[str, int]
+    verdict_flips: list[str]
+    cases: list[dict[str, Any]]
+    compositions: list[CompositionFacts]
+    command: str | None
+    meta: dict[str, Any] = field(repr=False)
+
+    @property
+    def n_diverged(self) -> int:
+        return sum(self.counts[s] for s in DIVERGED)
+
+    @property
+    def flaky_rate(self) -> float:
+        return self.n_diverged / self.n_cases if self.n_cases else 0.0
+
+    @property
+    def composition_names(self) -> list[str]:
+        return [c.name for c in self.compositions]
+
+    def top(self, n: int) -> list[dict[str, Any]]:
+        """The n riskiest cases that are not stable (a stable case has nothing to show)."""
+        return [c for c in self.cases if c["status"] != "stable"][:max(n, 0)]
+
+
+def gather(run: RunData) -> RunFacts:
+    meta = run.meta
+    thresholds = meta.get("thresholds") or {}
+    cases = case_records(run.cases)
+    counts = {s: 0 for s in STATUSES}
+    for c in cases:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    names = [c["name"] for c in meta.get("compositions") or []] or sorted(run.runs["composition"].unique())
+    reference = meta.get("reference") or names[0]
+    return RunFacts(
+        path=run.path,
+        suite_name=str(meta.get("suite_name") or Path(str(meta.get("suite", "suite"))).stem),
+        model=str(meta.get("model", "?")),
+        dtype=str(meta.get("dtype", "?")),
+        policy=str(meta.get("policy", "?")),
+        backend=str(meta.get("backend", "?")),
+        profile=str(meta.get("profile", "?")),
+        reference=reference,
+        gap_threshold=float(thresholds.get("gap_threshold", 0.05)),
+        gap_window=int(thresholds.get("gap_window", 50)),
+        n_cases=len(cases),
+        counts=counts,
+        verdict_flips=[c["case_id"] for c in cases if c["verdict_flip"]],
+        cases=cases,
+        compositions=_composition_facts(run.runs, names, reference),
+        command=meta.get("command"),
+        meta=meta,
+    )
+
+
+def _composition_facts(runs: pd.DataFrame, names: list[str], reference: str) -> list[CompositionFacts]:
+    """Per composition: cases whose output diverged from the reference, and whose verdict changed."""
+    ref = runs[(runs["composition"] == reference)].sort_values("repeat").drop_duplicates("case_id")
+    ref_passed = dict(zip(ref["case_id"], ref["passed"].map(clean)))
+    facts = []
+    for name in names:
+        rows = runs[runs["composition"] == name]
+        diverged = rows[rows["first_divergence"].notna()]["case_id"].nunique()
+        changed = {
+            case_id for case_id, passed in zip(rows["case_id"], rows["passed"].map(clean))
+            if passed is not None and ref_passed.get(case_id) is not None and passed != ref_passed[case_id]
+        }
+        facts.append(CompositionFacts(name, name == reference, int(diverged), len(changed)))
+    return facts
+
+
+def next_command(facts: RunFacts) -> tuple[str, str]:
+    """(why, command): under splitk with divergences, rerun invariant to confirm the fix; else gate it."""
+    if facts.policy == "splitk" and facts.n_diverged:
+        return ("confirm the fix: the same run with fixed-order kernels should make every case stable",
+                invariant_rerun(facts))
+    return ("gate it in CI", f"flakecheck gate {shlex.quote(str(facts.path))}")
+
+
+def invariant_rerun(facts: RunFacts) -> str:
+    """The recorded command with --kernels invariant, minus the options that would reuse this run dir."""
+    try:
+        argv = shlex.split(facts.command) if facts.command else []
+    except ValueError:
+        argv = []
+    if len(argv) < 3 or "run" not in argv:
+        argv = ["flakecheck", "run", str(facts.meta.get("suite", "SUITE")), "--model", facts.model]
+    if Path(argv[0]).name == "flakecheck":
+        argv[0] = "flakecheck"
+    out: list[str] = []
+    skip_value = False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        if arg in ("--kernels", "--out"):
+            skip_value = True
+            continue
+        if arg.startswith(("--kernels=", "--out=")) or arg in ("--resume", "--quiet"):
+            continue
+        out.append(arg)
+    return shlex.join([*out, "--kernels", "invariant"])
+
+
+def prompt_text(case_input: Any) -> str:
+    """A case's input as plain text: a raw prompt, or chat messages as 'role: content' lines."""
+    if isinstance(case_input, list):
+        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m)
+                         for m in case_input)
+    return "" if case_input is None else str(case_input)
+
+
+def suite_cases(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """meta["cases"] by case id: prompts, targets, checks and metadata without the suite file."""
+    return {str(c.get("case_id")): c for c in meta.get("cases") or [] if isinstance(c, dict)}
+
+
+def fmt_gap(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def fmt_step(value: int | float | None) -> str:
+    return "—" if value is None else str(int(value))
+
+
+def fmt_rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"

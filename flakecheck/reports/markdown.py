@@ -1,0 +1,87 @@
+"""The markdown report (`flakecheck report --format markdown`, PR comments, the gate's step summary).
+
+GitHub renders raw HTML inside markdown, so every piece of suite or model text is HTML-escaped and
+stripped of what would break a table cell.
+"""
+
+from __future__ import annotations
+
+import html
+
+from flakecheck.reports.facts import RunFacts, fmt_gap, fmt_rate, fmt_step, gather, next_command
+from flakecheck.rundir import STATUSES, RunData
+
+MARKDOWN_SPECIALS = str.maketrans({c: f"\\{c}" for c in "\\`*_[]|~"})
+
+
+def md_text(value: object, limit: int = 200) -> str:
+    """Suite/model text safe inside a markdown table cell: no HTML, no markup, one line, bounded."""
+    text = "" if value is None else str(value)
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    text = text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+    return html.escape(text, quote=False).translate(MARKDOWN_SPECIALS)
+
+
+def md_token(value: str | None) -> str:
+    return "?" if value is None else md_text(repr(value), limit=60)
+
+
+def render_markdown(run: RunData, top: int = 10) -> str:
+    return markdown_from_facts(gather(run), top)
+
+
+def markdown_from_facts(facts: RunFacts, top: int = 10) -> str:
+    lines = [f"## flakecheck: {md_text(facts.suite_name)}", ""]
+    lines += header_lines(facts)
+    lines += ["", "| status | cases | share |", "|---|---:|---:|"]
+    for status in STATUSES:
+        share = facts.counts[status] / facts.n_cases if facts.n_cases else 0.0
+        lines.append(f"| {status} | {facts.counts[status]} | {fmt_rate(share)} |")
+    lines.append("")
+    if facts.verdict_flips:
+        ids = ", ".join(md_text(c, 80) for c in facts.verdict_flips[:50])
+        more = f" (+{len(facts.verdict_flips) - 50} more)" if len(facts.verdict_flips) > 50 else ""
+        lines.append(f"**Verdict flips ({len(facts.verdict_flips)}):** {ids}{more}")
+    else:
+        lines.append("**No verdict flips.**")
+    risky = facts.top(top)
+    if risky:
+        lines += ["", f"### Top {len(risky)} cases by risk", ""]
+        lines += risk_table(risky)
+    lines += ["", "### Per composition", "", "| composition | diverged cases | verdict changes |", "|---|---:|---:|"]
+    for c in facts.compositions:
+        label = md_text(c.name) + (" (reference)" if c.is_reference else "")
+        lines.append(f"| {label} | {c.diverged_cases} | {c.verdict_changes} |")
+    why, command = next_command(facts)
+    lines += ["", f"Next, {why}:", "", "```", command.replace("`", "'"), "```", ""]
+    return "\n".join(lines)
+
+
+def header_lines(facts: RunFacts) -> list[str]:
+    compositions = ", ".join(md_text(n) for n in facts.composition_names)
+    return [
+        f"- **{facts.n_cases} cases**, flaky rate {fmt_rate(facts.flaky_rate)} "
+        f"({facts.n_diverged} flaky or verdict_flaky)",
+        f"- model {md_text(facts.model)} · {md_text(facts.dtype)} · kernels **{md_text(facts.policy)}** "
+        f"({md_text(facts.backend)}, profile {md_text(facts.profile)})",
+        f"- compositions: {compositions} (reference {md_text(facts.reference)})",
+        f"- near-tie threshold {facts.gap_threshold:g} over the first {facts.gap_window} tokens",
+        f"- run directory: {md_text(facts.path, 300)}",
+    ]
+
+
+def risk_table(risky: list[dict]) -> list[str]:
+    lines = ["| case | status | risk | first divergence | where | tokens (ref → alt) | gap | min gap | pass rate |",
+             "|---|---|---:|---:|---|---|---:|---:|---:|"]
+    for c in risky:
+        pair = "—"
+        if c["ref_token"] is not None or c["alt_token"] is not None:
+            pair = f"{md_token(c['ref_token'])} → {md_token(c['alt_token'])}"
+        risk = f"{c['risk']:.2f}" if c["risk"] is not None else "—"
+        lines.append(
+            f"| {md_text(c['case_id'], 80)} | {c['status']} | {risk} | {fmt_step(c['first_divergence'])} "
+            f"| {md_text(c['divergence_composition'] or '—')} | {pair} | {fmt_gap(c['gap_at_divergence'])} "
+            f"| {fmt_gap(c['min_gap'])} | {fmt_rate(c['pass_rate'])} |"
+        )
+    return lines

@@ -1,0 +1,87 @@
+"""The terminal summary (rich): printed at the end of `flakecheck run` and by `flakecheck report`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flakecheck.reports.facts import RunFacts, fmt_gap, fmt_rate, fmt_step, gather, next_command
+from flakecheck.rundir import STATUSES, RunData
+
+STATUS_STYLE = {"stable": "green", "fragile": "yellow", "flaky": "magenta", "verdict_flaky": "bold red"}
+
+
+def summary_line(run: RunData) -> str:
+    """One line, e.g. 'demo: 104 cases · 71 stable · 12 fragile · ... (splitk, 6 compositions) -> DIR'."""
+    facts = gather(run)
+    counts = " · ".join(f"{facts.counts[s]} {s}" for s in STATUSES)
+    return (f"{facts.suite_name}: {facts.n_cases} cases · {counts} "
+            f"({facts.policy}, {len(facts.compositions)} compositions) -> {facts.path}")
+
+
+def render_summary(run: RunData, console: Console, top: int = 10) -> None:
+    """Counts per status, verdict flips, the riskiest cases, where the run is, what to run next."""
+    facts = gather(run)
+    console.print(_header(facts))
+    console.print(_counts_table(facts))
+    if facts.verdict_flips:
+        shown = ", ".join(escape(str(c)) for c in facts.verdict_flips[:20])
+        more = f" (+{len(facts.verdict_flips) - 20} more)" if len(facts.verdict_flips) > 20 else ""
+        console.print(f"[bold red]verdict flips ({len(facts.verdict_flips)}):[/] {shown}{more}")
+    else:
+        console.print("[green]no verdict flips[/]: every case grades the same under every composition")
+    risky = facts.top(top)
+    if risky:
+        console.print(_top_table(risky, facts))
+    console.print(f"run directory: [bold]{escape(str(facts.path))}[/]")
+    html = facts.path / "report.html"
+    if html.is_file():
+        console.print(f"HTML report:   {escape(str(html))}")
+    why, command = next_command(facts)
+    console.print(f"next, {escape(why)}:\n  [bold cyan]{escape(command)}[/]", soft_wrap=True)
+
+
+def _header(facts: RunFacts) -> str:
+    compositions = ", ".join(facts.composition_names)
+    return (f"[bold]{escape(facts.suite_name)}[/]: {facts.n_cases} cases · model {escape(facts.model)} "
+            f"({escape(facts.dtype)}) · kernels [bold]{escape(facts.policy)}[/] ({escape(facts.backend)}, "
+            f"profile {escape(facts.profile)}) · compositions {escape(compositions)} "
+            f"(reference {escape(facts.reference)})")
+
+
+def _counts_table(facts: RunFacts) -> Table:
+    table = Table(title="cases per status", title_justify="left", show_edge=False)
+    table.add_column("status")
+    table.add_column("cases", justify="right")
+    table.add_column("share", justify="right")
+    for status in STATUSES:
+        n = facts.counts[status]
+        share = n / facts.n_cases if facts.n_cases else 0.0
+        table.add_row(f"[{STATUS_STYLE[status]}]{status}[/]", str(n), fmt_rate(share))
+    return table
+
+
+def _top_table(risky: list[dict], facts: RunFacts) -> Table:
+    table = Table(title=f"top {len(risky)} cases by risk", title_justify="left", show_edge=False)
+    for name, justify in (("case", "left"), ("status", "left"), ("risk", "right"), ("first div", "right"),
+                          ("where", "left"), ("diverging tokens", "left"), ("gap", "right"),
+                          ("min gap", "right"), ("pass rate", "right")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for c in risky:
+        pair = "—"
+        if c["ref_token"] is not None or c["alt_token"] is not None:
+            pair = f"{_token(c['ref_token'])} -> {_token(c['alt_token'])}"
+        table.add_row(
+            escape(str(c["case_id"])), f"[{STATUS_STYLE.get(c['status'], '')}]{c['status']}[/]",
+            f"{c['risk']:.2f}" if c["risk"] is not None else "—", fmt_step(c["first_divergence"]),
+            escape(c["divergence_composition"] or "—"), escape(pair), fmt_gap(c["gap_at_divergence"]),
+            fmt_gap(c["min_gap"]), fmt_rate(c["pass_rate"]),
+        )
+    return table
+
+
+def _token(text: str | None) -> str:
+    """A token as a visible literal: repr shows leading spaces and newlines that matter here."""
+    return "?" if text is None else repr(text)
+
