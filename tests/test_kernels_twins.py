@@ -182,7 +182,8 @@ def test_row_ops_match_float64(ops, dtype: torch.dtype) -> None:
     x = _nonzero(9, HIDDEN, dtype=dtype, seed=11)
     w = _nonzero(HIDDEN, dtype=dtype, seed=12, scale=0.1) + 1
     xd = x.double()
-    ref = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)) * w.double()
+    # Hugging Face semantics: the normalised row is rounded to the model dtype before the scale
+    ref = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype).double() * w.double()
     assert _rel_err(ops.rmsnorm(x, w, 1e-5), ref) <= TOLERANCE[dtype]
     logits = _nonzero(3, VOCAB, dtype=dtype, seed=13, scale=4.0)
     got = ops.log_softmax(logits)
