@@ -36,6 +36,7 @@ from flakecheck.rundir import STATUSES, RunData, atomic_write_text
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_METADATA_COLUMNS = 6
 MAX_FILTER_VALUES = 30
+PROMPT_PREVIEW = 60  # characters of the input shown in the case table
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,10 @@ def _metadata_value(value: Any) -> str:
 def _row(case: dict[str, Any], suite_case: dict[str, Any], keys: list[str], anchor: str | None) -> dict[str, Any]:
     metadata = suite_case.get("metadata") or {}
     values = {k: _metadata_value(metadata.get(k)) for k in keys}
-    search = " ".join([str(case["case_id"]), case["status"], *values.values()]).lower()
-    return {"case": case, "anchor": anchor, "metadata": values, "search": search}
+    prompt = " ".join(prompt_text(suite_case.get("input")).split())
+    search = " ".join([str(case["case_id"]), case["status"], *values.values(), prompt]).lower()
+    return {"case": case, "anchor": anchor, "metadata": values, "search": search,
+            "prompt": _preview(prompt, PROMPT_PREVIEW), "prompt_title": _preview(prompt, 10 * PROMPT_PREVIEW)}
 
 
 def _metadata_filters(rows: list[dict[str, Any]], keys: list[str]) -> dict[str, list[str]]:
@@ -278,6 +281,10 @@ def _tok(vocab: dict[int, str], token_id: int | None) -> str:
 
 def _lp(value: float | None) -> str:
     return "?" if value is None else f"{value:.3f}"
+
+
+def _preview(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _cut(text: str, limit: int) -> str:
