@@ -32,10 +32,16 @@ def clean(value: Any) -> Any:
     return value
 
 
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as dicts of plain values; column-wise, as DataFrame.to_dict is slow on many small frames."""
+    columns = {name: [clean(v) for v in frame[name].tolist()] for name in frame.columns}
+    return [dict(zip(columns, row)) for row in zip(*columns.values())]
+
+
 def case_records(cases: pd.DataFrame) -> list[dict[str, Any]]:
     """cases.parquet as plain dicts, riskiest first (ties by case id, so the order is stable)."""
-    records = [{k: clean(v) for k, v in row.items()} for row in cases.to_dict("records")]
-    return sorted(records, key=lambda r: (-(r["risk"] or 0.0), str(r["case_id"])))
+    records_ = records(cases)
+    return sorted(records_, key=lambda r: (-(r["risk"] or 0.0), str(r["case_id"])))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from flakecheck.reports.facts import (
     fmt_step,
     gather,
     prompt_text,
+    records,
     suite_cases,
 )
 from flakecheck.reports.plots import plots
@@ -168,7 +169,9 @@ def _details(run: RunData, facts: RunFacts, suite: dict[str, dict[str, Any]], an
     runs = run.runs[run.runs["case_id"].isin(wanted)]
     tokens = run.tokens[run.tokens["case_id"].isin(wanted) & (run.tokens["step"] < limits.tokens_per_output)]
     vocab = _vocab(run)
-    by_key = {key: frame.sort_values("step") for key, frame in tokens.groupby(["case_id", "composition", "repeat"])}
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for t in records(tokens.sort_values("step")):
+        by_key.setdefault((t["case_id"], t["composition"], t["repeat"]), []).append(t)
     order = {name: i for i, name in enumerate(facts.composition_names)}
     by_id = {c["case_id"]: c for c in facts.cases}
     details = []
@@ -184,9 +187,10 @@ def _detail(case_id: str, anchor: str, case: dict[str, Any], case_runs: pd.DataF
             vocab: dict[int, str], facts: RunFacts, suite: dict[str, dict[str, Any]],
             limits: HtmlLimits) -> CaseDetail:
     groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
-    for row in case_runs.to_dict("records"):
+    rows_ = records(case_runs)
+    for row in rows_:
         groups.setdefault(tuple(int(t) for t in row["token_ids"]), []).append(row)
-    reference_rows = [r for r in case_runs.to_dict("records") if r["composition"] == facts.reference]
+    reference_rows = [r for r in rows_ if r["composition"] == facts.reference]
     ref_ids = tuple(int(t) for t in reference_rows[0]["token_ids"]) if reference_rows else next(iter(groups), ())
     alternatives = []
     for ids, rows in groups.items():
@@ -224,10 +228,8 @@ def _output(label: str, rows: list[dict[str, Any]], divergence: int | None, mark
     first = rows[0]
     compositions = [r["composition"] if int(r["repeat"]) == 0 else f"{r['composition']} #{int(r['repeat'])}"
                     for r in rows]
-    frame = by_key.get((first["case_id"], first["composition"], first["repeat"]))
-    tokens = [] if frame is None else [
-        _token(t, divergence, marks, vocab, facts.gap_threshold) for t in frame.to_dict("records")
-    ]
+    tokens = [_token(t, divergence, marks, vocab, facts.gap_threshold)
+              for t in by_key.get((first["case_id"], first["composition"], first["repeat"]), [])]
     n_tokens = int(first["n_tokens"])
     return OutputView(
         label=label, compositions=compositions, passed=clean(first["passed"]),
