@@ -26,3 +26,10 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_factory) -> Path:
     return tiny_model_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_wide_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Still tiny, but with reductions long enough (K = 256, 768) for split-K to split."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-wide"), "llama", init_std=0.05, hidden_size=256,
+                            intermediate_size=768, num_heads=4)

@@ -43,8 +43,8 @@ def tiny_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_bf16(tiny_model_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_model_dir), "bfloat16")
+def tiny_bf16(tiny_wide_model_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_wide_model_dir), "bfloat16")
 
 
 def run(tiny_bf16, suite: Path, out: Path, kernels: str):
@@ -114,12 +114,17 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_result(tiny_bf16, 
             raise KeyboardInterrupt
         return real_replay(*args, **kwargs)
 
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real_replay(*args, **kwargs)
+
     monkeypatch.setattr(api, "replay", interrupted_on_third)
     out = tmp_path / "resumed"
     with pytest.raises(api.RunInterrupted, match="--resume"):
         run(tiny_bf16, tiny_suite, out, "splitk")
     assert len(list((out / "partial").glob("*.parquet"))) == 2 and not (out / "runs.parquet").exists()
     calls.clear()
+    monkeypatch.setattr(api, "replay", counted)
     resumed = flakecheck.run_suite(tiny_suite, model=tiny_bf16, kernels="splitk", max_tokens=10, out=out,
                                    resume=True, html=False)
     assert len(calls) == len(splitk_run.meta["compositions"]) - 2  # finished compositions were not redone

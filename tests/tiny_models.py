@@ -45,7 +45,8 @@ def build_tokenizer(path: Path):
     return fast
 
 
-def build_tiny_model(path: Path, architecture: str = "llama", seed: int = 0, init_std: float = 0.3) -> Path:
+def build_tiny_model(path: Path, architecture: str = "llama", seed: int = 0, init_std: float = 0.3,
+                     hidden_size: int = 64, intermediate_size: int = 128, num_heads: int = 4) -> Path:
     """Save a tiny random `llama` | `qwen2` | `qwen3` | `mistral` model with tokenizer under `path`."""
     from transformers import (
         AutoModelForCausalLM,
@@ -58,8 +59,8 @@ def build_tiny_model(path: Path, architecture: str = "llama", seed: int = 0, ini
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(path)
     common = dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=2, num_attention_heads=num_heads, num_key_value_heads=num_heads // 2, max_position_embeddings=512, rms_norm_eps=1e-6,
         initializer_range=init_std, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
