@@ -112,9 +112,7 @@ def smollm2():
 
 
 SMOL_QUESTIONS = ["What is the capital of France?", "Write a haiku about autumn.", "What is 12 * 7?",
-                  "Name three primary colors.", "Explain gravity to a child in one sentence.",
-                  "Translate 'good morning' to Spanish.", "What is the boiling point of water?",
-                  "Give me a synonym for happy."]
+                  "Explain gravity to a child in one sentence."]
 
 
 @pytest.mark.slow
@@ -127,7 +125,7 @@ def test_smollm2_invariant_identical_and_splitk_varies(smollm2) -> None:
     inv = get_ops("invariant", "torch")
     ref = _fingerprint(_run(smollm2, inv, [alone])[0])
     assert _fingerprint(_run(smollm2, inv, batch)[0]) == ref
-    assert _fingerprint(_run(smollm2, inv, batch[:4], max_num_batched_tokens=13)[0]) == ref
+    assert _fingerprint(_run(smollm2, inv, batch[::-1], max_num_batched_tokens=13)[0]) == ref
 
     sk = get_ops("splitk", "torch", "h100")
     sk_alone = _run(smollm2, sk, [alone])[0]
