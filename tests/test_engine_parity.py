@@ -121,3 +121,26 @@ def test_top2_is_the_two_best_of_the_distribution(tiny_model_dir: Path) -> None:
     assert completion.top1_logprobs == pytest.approx(best.values[:, 0].tolist(), abs=1e-6)
     assert completion.top2_logprobs == pytest.approx(best.values[:, 1].tolist(), abs=1e-6)
     assert all(a >= b for a, b in zip(completion.top1_logprobs, completion.top2_logprobs))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 33])
+@pytest.mark.parametrize("weight_scale", [1.0, 1e-4, 1e4])
+def test_native_bf16_linear_is_a_bf16_gemm_with_fp32_accumulation(rows: int, weight_scale: float) -> None:
+    """Whatever CPU kernel native picks for bf16 (FBGEMM fp16 on scaled copies, fp32 MKL, ATen's
+    bf16), the result is the exact product sum rounded once to bf16, give or take fp32 summation
+    order: at most one bf16 ulp from the correctly rounded value, and nearly always equal to it."""
+    from flakecheck.kernels import Ops
+
+    gen = torch.Generator().manual_seed(rows)
+    weight = (torch.randn(96, 80, generator=gen) * weight_scale).to(torch.bfloat16)
+    weight[0, 0] = weight_scale * 3e-6  # widen the range the fp16 packing has to cover
+    bias = torch.randn(96, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 80, generator=gen).to(torch.bfloat16)
+    exact = x.double() @ weight.double().T + bias.double()
+    rounded = exact.float().to(torch.bfloat16)
+    for fast in (True, False):
+        out = Ops(fast_cpu_matmuls=fast).linear(x, weight, bias)
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
+        ulp = (rounded.double().abs() * 2.0**-7).clamp(min=1e-30)
+        assert ((out.double() - rounded.double()).abs() <= ulp).all()
+        assert (out == rounded).float().mean().item() > 0.95

@@ -13,6 +13,6 @@ from flakecheck.kernels import AttentionBatch
 class ForwardBatch:
     token_ids: torch.Tensor  # [T] packed tokens: prefill chunks and decode tokens together
     positions: torch.Tensor  # [T] each token's position in its own sequence
-    token_slots: torch.Tensor  # [T] each token's KV-cache slot
+    cache_rows: torch.Tensor  # [T] each token's row in a layer's KV cache viewed as [slots * length, ...]
     attention: AttentionBatch
-    sample_rows: torch.Tensor  # packed row of the last token of every sequence that samples this step
+    sample_rows: torch.Tensor | None  # packed rows that sample (the last of each finished prompt); None: all

@@ -37,10 +37,15 @@ class KVCache:
     def num_free(self) -> int:
         return len(self.free_slots)
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer].index_put_((slots, positions), k)
-        self.v[layer].index_put_((slots, positions), v)
+    def rows(self, slot: int, start: int, end: int) -> range:
+        """Rows of positions start..end-1 of `slot` in a layer's cache viewed as [slots * length, ...]."""
+        base = slot * self.length
+        return range(base + start, base + end)
+
+    def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [T, kv_heads, head_dim] at flat cache rows [T] (see `rows`)."""
+        self.k[layer].view(-1, *self.shape[2:]).index_copy_(0, rows, k)
+        self.v[layer].view(-1, *self.shape[2:]).index_copy_(0, rows, v)
 
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """[layers, 2, end-start, kv_heads, head_dim] copy of one slot's keys and values."""

@@ -46,6 +46,12 @@ class LLMEngine:
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
         self.eos_token_ids = model.eos_token_ids
         self.reconfigure(max_num_seqs, max_num_batched_tokens, enable_prefix_caching)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One tiny forward at load time, so that what a policy derives from the weights on first
+        use (e.g. fp32 copies for its GEMMs) is not paid by the first request."""
+        self.runner.prompt_logprobs([0, 0])
 
     def reconfigure(self, max_num_seqs: int, max_num_batched_tokens: int | None = None,
                     enable_prefix_caching: bool = False) -> None:

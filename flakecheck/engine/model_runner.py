@@ -7,22 +7,23 @@ import torch
 from flakecheck.engine.forward_batch import ForwardBatch
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.models import LlamaForCausalLM
-from flakecheck.engine.sequence import Sequence
+from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.kernels import AttentionBatch
 
 
-def pack(scheduled: list[tuple[Sequence, int]]) -> tuple[ForwardBatch, list[Sequence]]:
+def pack(scheduled: list[tuple[Sequence, int]], cache: KVCache) -> tuple[ForwardBatch, list[Sequence]]:
     """No padding: every sequence's pending tokens, end to end, and the sequences that sample."""
     token_ids: list[int] = []
     positions: list[int] = []
-    token_slots: list[int] = []
+    cache_rows: list[int] = []
     query_starts = [0]
     slots, context_lens, sample_rows, sampling = [], [], [], []
     for seq, n in scheduled:
         start = seq.num_computed
+        assert seq.slot is not None
         token_ids.extend(seq.token_ids[start : start + n])
         positions.extend(range(start, start + n))
-        token_slots.extend([seq.slot] * n)
+        cache_rows.extend(cache.rows(seq.slot, start, start + n))
         query_starts.append(query_starts[-1] + n)
         slots.append(seq.slot)
         context_lens.append(start + n)
@@ -32,12 +33,13 @@ def pack(scheduled: list[tuple[Sequence, int]]) -> tuple[ForwardBatch, list[Sequ
     attention = AttentionBatch(
         slots, query_starts, context_lens, torch.tensor(slots), torch.tensor(context_lens)
     )
+    every_row_samples = len(sample_rows) == len(token_ids)
     batch = ForwardBatch(
         torch.tensor(token_ids),
         torch.tensor(positions),
-        torch.tensor(token_slots),
+        torch.tensor(cache_rows),
         attention,
-        torch.tensor(sample_rows, dtype=torch.long),
+        None if every_row_samples else torch.tensor(sample_rows, dtype=torch.long),
     )
     return batch, sampling
 
@@ -48,21 +50,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
-        batch, sampling = pack(scheduled)
+        """fp32 log-probabilities [sampling sequences, vocab], and those sequences in row order."""
+        batch, sampling = pack(scheduled, self.cache)
         return self.model.forward(batch, self.cache), sampling
 
     @torch.inference_mode()
     def prompt_logprobs(self, prompt_ids: list[int]) -> torch.Tensor:
         """fp32 log-probabilities [len(prompt), vocab] at every prompt position, in one prefill
         (what a scoring API returns, and what the parity test compares with transformers)."""
-        from flakecheck.engine.sequence import SamplingParams
-
         seq = Sequence("prompt-logprobs", list(prompt_ids), SamplingParams(max_tokens=0))
         seq.slot = self.cache.allocate()
         try:
             self.cache.ensure_length(seq.num_prompt)
-            batch, _ = pack([(seq, seq.num_prompt)])
-            batch.sample_rows = torch.arange(seq.num_prompt)
+            batch, _ = pack([(seq, seq.num_prompt)], self.cache)
+            batch.sample_rows = None
             return self.model.forward(batch, self.cache)
         finally:
             self.cache.release(seq.slot)

@@ -15,25 +15,28 @@ class Attention:
     KV written to the cache before the policy's attention kernel reads it."""
 
     def __init__(self, ops: Ops, layer: int, qkv: Linear, o_proj: Linear, num_heads: int, num_kv_heads: int,
-                 head_dim: int, rotary: RotaryEmbedding, q_norm: RMSNorm | None, k_norm: RMSNorm | None) -> None:
+                 head_dim: int, q_norm: RMSNorm | None, k_norm: RMSNorm | None) -> None:
         self.ops, self.layer, self.qkv, self.o_proj = ops, layer, qkv, o_proj
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.rotary, self.q_norm, self.k_norm = rotary, q_norm, k_norm
+        self.q_norm, self.k_norm = q_norm, k_norm
         self.scale = head_dim**-0.5
+        self.q_width, self.kv_width = num_heads * head_dim, num_kv_heads * head_dim
 
-    def __call__(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache,
+                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         tokens = x.shape[0]
         qkv = self.qkv(x)
-        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q_width, kv_width = self.q_width, self.kv_width
         v = qkv[:, q_width + kv_width :].view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is None:
+        if self.q_norm is None or self.k_norm is None:
+            # q and k rotated together: one set of elementwise ops for both
             qk = qkv[:, : q_width + kv_width].view(tokens, self.num_heads + self.num_kv_heads, self.head_dim)
-            qk = self.rotary(qk, batch.positions)
+            qk = RotaryEmbedding.apply(qk, rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         else:
             q = self.q_norm(qkv[:, :q_width].reshape(tokens, self.num_heads, self.head_dim))
             k = self.k_norm(qkv[:, q_width : q_width + kv_width].reshape(tokens, self.num_kv_heads, self.head_dim))
-            q, k = self.rotary(q, batch.positions), self.rotary(k, batch.positions)
-        cache.write(self.layer, batch.token_slots, batch.positions, k, v)
+            q, k = RotaryEmbedding.apply(q, rope), RotaryEmbedding.apply(k, rope)
+        cache.write(self.layer, batch.cache_rows, k, v)
         out = self.ops.attention(q, cache.k[self.layer], cache.v[self.layer], batch.attention, self.scale)
         return self.o_proj(out.reshape(tokens, q_width))

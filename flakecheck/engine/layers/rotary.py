@@ -6,7 +6,8 @@ import torch
 
 
 class RotaryEmbedding:
-    """RoPE tables from transformers' own rotary module (theta, scaling and attention factor included)."""
+    """RoPE tables from transformers' own rotary module (theta, scaling type and attention factor
+    from the config's rope_parameters), looked up once a step and applied to q and k of every layer."""
 
     def __init__(self, hf_config: Any, max_len: int, dtype: torch.dtype) -> None:
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -15,11 +16,21 @@ class RotaryEmbedding:
         positions = torch.arange(max_len)[None, :]
         cos, sin = rope(torch.empty(0, dtype=torch.float32), positions)
         # Hugging Face casts the fp32 tables to the activation dtype before rotating; so do we.
-        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)
+        cos, sin = cos[0].to(dtype), sin[0].to(dtype)
+        half = cos.shape[-1] // 2
+        # rotate_half(x) * sin == flip_halves(x) * [-sin | sin]: negation is exact, so this is the
+        # same arithmetic as transformers' with one op (a flip) instead of a neg and a cat.
+        self.cos = cos
+        self.signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x [T, heads, D] at its token positions [T]."""
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin) [T, 1, D] at the step's token positions, shared by every layer."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
+
+    @staticmethod
+    def apply(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Rotate x [T, heads, D] (a view is fine) with the step's tables."""
+        cos, signed_sin = tables
+        t, heads, dim = x.shape
+        flipped = x.reshape(t, heads, 2, dim // 2).flip(2).view(t, heads, dim)
+        return x * cos + flipped * signed_sin

@@ -22,8 +22,9 @@ class DecoderLayer:
         self.attn, self.gate_up, self.down = attn, gate_up, down
         self.input_norm, self.post_norm = input_norm, post_norm
 
-    def __call__(self, hidden: torch.Tensor, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        hidden = hidden + self.attn(self.input_norm(hidden), batch, cache)
+    def __call__(self, hidden: torch.Tensor, batch: ForwardBatch, cache: KVCache,
+                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        hidden = hidden + self.attn(self.input_norm(hidden), batch, cache, rope)
         return hidden + self.down(silu_and_mul(self.gate_up(self.post_norm(hidden))))
 
 
@@ -49,7 +50,7 @@ class LlamaForCausalLM:
         if c.qk_norm:
             q_norm = RMSNorm(ops, w[f"{p}self_attn.q_norm.weight"], c.rms_norm_eps)
             k_norm = RMSNorm(ops, w[f"{p}self_attn.k_norm.weight"], c.rms_norm_eps)
-        attn = Attention(ops, i, qkv, o_proj, c.num_heads, c.num_kv_heads, c.head_dim, self.rotary, q_norm, k_norm)
+        attn = Attention(ops, i, qkv, o_proj, c.num_heads, c.num_kv_heads, c.head_dim, q_norm, k_norm)
         mlp_biases = [w[f"{p}mlp.{n}.bias"] for n in ("gate_proj", "up_proj")] if c.mlp_bias else None
         gate_up = Linear.fused(ops, [w[f"{p}mlp.gate_proj.weight"], w[f"{p}mlp.up_proj.weight"]], mlp_biases)
         down = Linear(ops, w[f"{p}mlp.down_proj.weight"], w.get(f"{p}mlp.down_proj.bias"))
@@ -64,6 +65,9 @@ class LlamaForCausalLM:
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Log-probabilities [rows, vocab] (fp32) at every sampling row of the batch."""
         hidden = self.embed(batch.token_ids)
+        rope = self.rotary.tables(batch.positions)  # looked up once for all layers
         for layer in self.layers:
-            hidden = layer(hidden, batch, cache)
-        return self.lm_head(self.norm(hidden[batch.sample_rows]))
+            hidden = layer(hidden, batch, cache, rope)
+        if batch.sample_rows is not None:  # the final norm and lm_head only where a token is sampled
+            hidden = hidden[batch.sample_rows]
+        return self.lm_head(self.norm(hidden))

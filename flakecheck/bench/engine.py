@@ -1,0 +1,144 @@
+"""`flakecheck bench engine`: the engine against transformers' `generate` on the same work.
+
+Both sides get the same chat prompts, the same bf16 weights, greedy decoding and exactly the
+same number of new tokens per prompt (the engine ignores EOS, `generate` gets min_new_tokens),
+so tokens per second compare equal work. The work is split into rounds and the two sides
+alternate round by round, so that load from other processes on a shared machine falls on both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
+from flakecheck.engine.loader import LoadedModel
+
+QUESTIONS = [
+    "What is the capital of France?", "Name three primary colours.", "How many legs does a spider have?",
+    "What is 12 times 7?", "Write a haiku about the sea.", "Explain what a prime number is.",
+    "Who wrote Romeo and Juliet?", "What is the boiling point of water in Celsius?",
+    "Give me a synonym for happy.", "What is photosynthesis?", "Translate 'good morning' into French.",
+    "What is the largest planet in the solar system?", "List the days of the week.",
+    "Why is the sky blue?", "What does a CPU do?", "Suggest a name for a pet cat.",
+    "How do you make a cup of tea?", "What is the square root of 81?", "Describe a rainbow.",
+    "What is the opposite of cold?", "Name a famous painting.", "What language is spoken in Brazil?",
+    "How many continents are there?", "What is gravity?", "Write one sentence about autumn.",
+    "What is the chemical symbol for gold?", "Who was Ada Lovelace?", "What is a noun?",
+    "How many minutes are in an hour?", "Recommend a book for a child.", "What do bees make?",
+    "What is the speed of light?", "Tell me a fun fact about octopuses.", "What is an adjective?",
+    "Name a fruit that is yellow.", "What is the freezing point of water in Fahrenheit?",
+]
+
+
+@dataclass(frozen=True)
+class Workload:
+    num_prompts: int
+    max_tokens: int
+    batch_sizes: tuple[int, ...] = (1, 16)
+
+
+FULL = Workload(num_prompts=32, max_tokens=64)
+QUICK = Workload(num_prompts=4, max_tokens=8)
+
+
+def chat_prompts(model: LoadedModel, n: int) -> list[list[int]]:
+    return [encode_prompt(model, [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]) for i in range(n)]
+
+
+def time_engine(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[float, int]:
+    """Seconds and generated tokens for the engine to finish `prompts` at max batch `batch`."""
+    engine.reconfigure(max_num_seqs=batch)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    requests = [Request(i, ids, params) for i, ids in enumerate(prompts)]
+    start = time.perf_counter()
+    completions = engine.generate(requests)
+    seconds = time.perf_counter() - start
+    return seconds, sum(len(c.token_ids) for c in completions)
+
+
+def time_hf(hf_model: Any, pad_id: int, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[float, int]:
+    """Seconds and generated tokens for `generate` over `prompts` in left-padded batches of `batch`."""
+    seconds, generated = 0.0, 0
+    for lo in range(0, len(prompts), batch):
+        group = prompts[lo : lo + batch]
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = hf_model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens, pad_token_id=pad_id,
+            )
+        seconds += time.perf_counter() - start
+        generated += (out.shape[1] - width) * len(group)
+    return seconds, generated
+
+
+def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16") -> dict[str, Any]:
+    """Tokens per second of both sides at every batch size; the two sides alternate round by round."""
+    from transformers import AutoModelForCausalLM
+
+    threads = os.environ.get("FLAKECHECK_BENCH_THREADS")
+    if threads:  # both sides share the process, hence the thread count
+        torch.set_num_threads(int(threads))
+    model = load_model(spec, dtype)
+    prompts = chat_prompts(model, workload.num_prompts)
+    start = time.perf_counter()
+    engine = LLMEngine(model)
+    engine_setup_s = time.perf_counter() - start
+    start = time.perf_counter()
+    hf_model = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype, use_safetensors=True).eval()
+    hf_setup_s = time.perf_counter() - start
+    pad_id = model.tokenizer.pad_token_id
+    pad_id = pad_id if pad_id is not None else min(model.eos_token_ids)
+    # warm both sides up (first-call allocations, lazy imports) outside the timed rounds
+    time_engine(engine, prompts[:2], 2, 2)
+    time_hf(hf_model, pad_id, prompts[:2], 2, 2)
+    result: dict[str, Any] = {"model": spec, "dtype": dtype, "threads": torch.get_num_threads(),
+                              **asdict(workload), "engine_setup_s": round(engine_setup_s, 2),
+                              "hf_setup_s": round(hf_setup_s, 2)}
+    for batch in workload.batch_sizes:
+        # rounds of at least one full batch, at least two rounds when the work allows
+        round_size = max(batch, min(8, workload.num_prompts // 2) if batch == 1 else batch)
+        totals = {"engine": [0.0, 0], "hf": [0.0, 0]}
+        round_ratios = []
+        for lo in range(0, len(prompts), round_size):
+            chunk = prompts[lo : lo + round_size]
+            e_s, e_n = time_engine(engine, chunk, batch, workload.max_tokens)
+            h_s, h_n = time_hf(hf_model, pad_id, chunk, batch, workload.max_tokens)
+            totals["engine"][0] += e_s
+            totals["engine"][1] += e_n
+            totals["hf"][0] += h_s
+            totals["hf"][1] += h_n
+            round_ratios.append((e_n / e_s) / (h_n / h_s))
+        engine_tps = totals["engine"][1] / totals["engine"][0]
+        hf_tps = totals["hf"][1] / totals["hf"][0]
+        result[f"engine_tps_bs{batch}"] = round(engine_tps, 2)
+        result[f"hf_tps_bs{batch}"] = round(hf_tps, 2)
+        result[f"speedup_bs{batch}"] = round(engine_tps / hf_tps, 3)
+        result[f"median_round_speedup_bs{batch}"] = round(statistics.median(round_ratios), 3)
+        result[f"generated_tokens_bs{batch}"] = totals["engine"][1]
+        if totals["engine"][1] != totals["hf"][1]:
+            raise RuntimeError(f"unequal work at batch {batch}: engine {totals['engine'][1]}, hf {totals['hf'][1]}")
+    return result
+
+
+def main(json_out: bool = False, quick: bool = False) -> None:
+    result = run_benchmark("smollm2", QUICK if quick else FULL)
+    if json_out:
+        print(json.dumps(result))
+        return
+    for batch in (1, 16):
+        print(
+            f"batch {batch:>2}: engine {result[f'engine_tps_bs{batch}']:8.1f} tok/s   "
+            f"transformers {result[f'hf_tps_bs{batch}']:8.1f} tok/s   speedup x{result[f'speedup_bs{batch}']}"
+        )
+    print(json.dumps(result))
