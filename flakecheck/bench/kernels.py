@@ -18,10 +18,11 @@ from collections.abc import Callable
 
 import torch
 
-from flakecheck.engine.forward_batch import ForwardBatch
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.loader import LoadedModel, load_model
+from flakecheck.engine.model_runner import pack
 from flakecheck.engine.models import MODEL_CLASSES
+from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.kernels import AttentionBatch, Ops, get_ops
 from flakecheck.kernels.torch_twins import fp32_weight
 
@@ -120,13 +121,13 @@ def _decode_step(model, loaded: LoadedModel, batch: int) -> Callable[[], object]
     cache = KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, loaded.dtype, length=CONTEXT + 64)
     for t in cache.k + cache.v:
         t.normal_()
-    fb = ForwardBatch(
-        token_ids=torch.randint(0, c.vocab_size, (batch,)),
-        positions=torch.full((batch,), CONTEXT - 1),
-        token_slots=torch.arange(batch),
-        attention=_decode_attention_batch(batch),
-        sample_rows=torch.arange(batch),
-    )
+    # the engine's own packing, so the bench follows the engine's batch layout
+    seqs = []
+    for slot in range(batch):
+        seq = Sequence(slot, [int(t) for t in torch.randint(0, c.vocab_size, (CONTEXT,))], SamplingParams())
+        seq.slot, seq.num_computed = slot, CONTEXT - 1
+        seqs.append((seq, 1))
+    fb, _ = pack(seqs, cache)
 
     def step() -> torch.Tensor:
         with torch.inference_mode():
