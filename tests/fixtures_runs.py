@@ -1,4 +1,5 @@
-"""Run directories from real runs of the tiny random model, built once per test session.
+"""Run directories from real runs of the tiny random model (its wide variant, whose K = 256 and 768
+reductions are long enough for split-K to split), built once per test session.
 
 Import the fixtures into a test module with `from tests.fixtures_runs import *  # noqa: F403`
 (pytest finds fixtures by name in the module's namespace).
@@ -39,8 +40,9 @@ PROMPTS = [
 def write_report_suite(path: Path) -> Path:
     lines = []
     for i, (case_id, prompt, target, kind) in enumerate(PROMPTS):
+        # prompts of different lengths make batch shapes, and so split counts, differ across compositions
         lines.append(json.dumps({
-            "id": case_id, "input": [{"role": "user", "content": prompt}],
+            "id": case_id, "input": [{"role": "user", "content": prompt * (1 + i % 3)}],
             "checks": [{"type": "icontains", "value": target}] if i % 2 == 0 else [{"type": "contains", "value": "a"}],
             "metadata": {"kind": kind, "difficulty": "easy" if i % 3 else "hard"},
         }))
@@ -56,8 +58,8 @@ def report_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def report_model(tiny_model_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_model_dir), "bfloat16")
+def report_model(tiny_wide_model_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_wide_model_dir), "bfloat16")
 
 
 def _run(model: LoadedModel, suite: Path, out: Path, kernels: str, **options) -> RunData:
