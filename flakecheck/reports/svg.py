@@ -17,7 +17,8 @@ class Series:
 def bar_chart(title: str, labels: list[str], series: list[Series], x_label: str = "", y_label: str = "cases",
               width: int = 380, height: int = 200, label_colours: list[str] | None = None) -> Markup:
     """Grouped vertical bars, one group per label; every bar has a <title> so hovering gives its value."""
-    left, right, top, bottom = 34, 8, 26, 42
+    left, right, bottom = 34, 8, 42
+    top = 26 + 12 * (len(series) - 1)  # room for the legend above the bars
     plot_w, plot_h = width - left - right, height - top - bottom
     peak = max([v for s in series for v in s.values] + [1])
     group_w = plot_w / max(len(labels), 1)
@@ -48,7 +49,7 @@ def bar_chart(title: str, labels: list[str], series: list[Series], x_label: str 
                  f'text-anchor="middle">{escape(x_label)}</text>')
     if len(series) > 1:
         for i, s in enumerate(series):
-            x = left + plot_w - 120 + 0 * i
+            x = left + plot_w - 120
             y = 12 + 12 * i
             parts.append(f'<rect x="{x}" y="{y - 8}" width="9" height="9" fill="{s.colour}"/>'
                          f'<text x="{x + 13}" y="{y}" class="tick">{escape(s.name)}</text>')
