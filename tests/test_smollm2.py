@@ -16,9 +16,15 @@ def smollm2():  # type: ignore[no-untyped-def]
     return load_model("smollm2", "bfloat16")
 
 
-def test_capital_of_france(smollm2) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def engine(smollm2) -> LLMEngine:  # type: ignore[no-untyped-def]
+    return LLMEngine(smollm2)  # built once: packing the weights takes seconds
+
+
+def test_capital_of_france(smollm2, engine: LLMEngine) -> None:  # type: ignore[no-untyped-def]
     prompt = encode_prompt(smollm2, [{"role": "user", "content": "What is the capital of France?"}])
-    completion = LLMEngine(smollm2).generate([Request("france", prompt, SamplingParams(max_tokens=24))])[0]
+    engine.reconfigure(max_num_seqs=1)
+    completion = engine.generate([Request("france", prompt, SamplingParams(max_tokens=24))])[0]
     assert "Paris" in decode_tokens(smollm2, completion.token_ids)
     assert len(completion.top1_logprobs) == len(completion.top2_logprobs) == len(completion.token_ids)
     for top1, top2 in zip(completion.top1_logprobs, completion.top2_logprobs):
@@ -46,12 +52,13 @@ def test_second_load_uses_the_cache(smollm2) -> None:  # type: ignore[no-untyped
     assert again.weights[name].equal(smollm2.weights[name])
 
 
-def test_batch_of_chats_matches_solo_tokens_mostly(smollm2) -> None:  # type: ignore[no-untyped-def]
+def test_batch_of_chats_answers_every_request(smollm2, engine: LLMEngine) -> None:  # type: ignore[no-untyped-def]
     """bf16 batching may flip near-ties (that is what flakecheck measures), but a batch still
     answers every request, with the requested lengths, in request order."""
     questions = ["What is 2 + 2?", "Name a colour.", "What is the capital of Italy?"]
     prompts = [encode_prompt(smollm2, [{"role": "user", "content": q}]) for q in questions]
     requests = [Request(i, p, SamplingParams(max_tokens=6, ignore_eos=True)) for i, p in enumerate(prompts)]
-    got = LLMEngine(smollm2, max_num_seqs=3).generate(requests)
+    engine.reconfigure(max_num_seqs=3)
+    got = engine.generate(requests)
     assert [c.request_id for c in got] == [0, 1, 2]
     assert all(len(c.token_ids) == 6 and c.finish_reason == "length" for c in got)
