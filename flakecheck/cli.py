@@ -117,7 +117,8 @@ def bench(
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # standalone_mode=False hands back the command's return code
+        sys.exit(code if isinstance(code, int) else 0)
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)

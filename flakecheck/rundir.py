@@ -85,6 +85,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; run directories are shared as CI artifacts
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -105,6 +106,7 @@ def write_table(path: Path, table: pa.Table) -> None:
     os.close(fd)
     try:
         pq.write_table(table, tmp, compression="zstd")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
