@@ -104,6 +104,7 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
                 "case_id": case.id, "composition": trace.composition, "repeat": trace.repeat, "step": step,
                 "token_id": token, "token": token_text(token), "logprob": lp1, "top1_id": trace.top1_ids[step],
                 "top1_logprob": lp1, "top2_id": top2, "top2_logprob": lp2, "gap": lp1 - lp2,
+                "top2_token": token_text(top2),
             })
     window = step_gaps(ref)[: thresholds.gap_window]
     near_ties = sum(gap < thresholds.gap_threshold for gap in window)

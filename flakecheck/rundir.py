@@ -44,6 +44,7 @@ TOKENS_SCHEMA = pa.schema([
     ("top2_id", pa.int32()),
     ("top2_logprob", pa.float32()),
     ("gap", pa.float32()),
+    ("top2_token", pa.string()),  # beyond DESIGN §8: the runner-up's text, for reports without a tokenizer
 ])
 
 CASES_SCHEMA = pa.schema([

@@ -62,7 +62,7 @@ def test_cases_table_reports_the_earliest_divergence_and_its_tokens() -> None:
     early = _trace("a", "chunked", [1, 2, 4, 4], [1.0] * 4)
     same = _trace("a", "prefix", [1, 2, 3, 4], [1.0] * 4)
     tables = analyse([ref, late, early, same], [_case("a", "ABC")], "solo", Thresholds(0.05, 50), _decode,
-                     lambda t: TEXT[t])
+                     lambda t: TEXT.get(t, "?"))
     row = tables.cases[0]
     assert (row["first_divergence"], row["divergence_composition"]) == (2, "chunked")
     assert (row["ref_token"], row["alt_token"]) == (TEXT[ref.token_ids[2]], TEXT[early.token_ids[2]])

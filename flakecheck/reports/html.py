@@ -274,10 +274,15 @@ def _gap_class(gap: float | None, threshold: float) -> str:
 
 
 def _vocab(run: RunData) -> dict[int, str]:
-    """Token texts known from the run itself: the run directory has no tokenizer, and a top-2
-    candidate never generated anywhere in the run is shown by its id."""
+    """Token texts from the run itself (the run directory has no tokenizer): generated tokens and,
+    when the run recorded them, the top-2 candidates' texts; any other id is shown by its id."""
+    vocab: dict[int, str] = {}
+    if "top2_token" in run.tokens:
+        pairs = run.tokens[["top2_id", "top2_token"]].dropna().drop_duplicates("top2_id")
+        vocab.update((int(i), str(t)) for i, t in zip(pairs["top2_id"], pairs["top2_token"]))
     pairs = run.tokens[["token_id", "token"]].drop_duplicates("token_id")
-    return {int(i): str(t) for i, t in zip(pairs["token_id"], pairs["token"])}
+    vocab.update((int(i), str(t)) for i, t in zip(pairs["token_id"], pairs["token"]))
+    return vocab
 
 
 def _tok(vocab: dict[int, str], token_id: int | None) -> str:
