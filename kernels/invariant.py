@@ -1,15 +1,20 @@
 """The `invariant` policy on the torch backend: every reduction in a fixed order, so a row's
-result never depends on what it is batched with (see torch_twins for the measurements)."""
+result never depends on what it is batched with (see torch_twins for the measurements).
+
+Matmuls of bf16/fp16 activations run FBGEMM's fp16 GEMM (the one native uses, on the same
+weight copies) with the rows padded so that each goes through the same micro-kernel whatever M
+is; fp32 activations, weights that are not exact in fp16, and machines where that padding is not
+proven row-invariant run the fp32 MKL GEMM on rows padded to ROW_BLOCK instead."""
 
 from __future__ import annotations
 
 import torch
 from flakecheck.kernels.ops import AttentionBatch, Ops
 from flakecheck.kernels.torch_twins import (
-    ROW_BLOCK,
-    chunked_attention,
+    fbgemm_fixed_order_linear,
     finish_linear,
     fixed_order_matmul,
+    fixed_split_attention,
     fp32_weight,
     rmsnorm_from_sumsq,
 )
@@ -22,6 +27,9 @@ class InvariantTorchOps(Ops):
     backend = "torch"
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = fbgemm_fixed_order_linear(x, weight, bias)
+        if out is not None:
+            return out
         return finish_linear(fixed_order_matmul(x.float(), fp32_weight(weight)), bias, x.dtype)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,4 +43,4 @@ class InvariantTorchOps(Ops):
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                   scale: float) -> torch.Tensor:
-        return chunked_attention(q, k_cache, v_cache, batch, scale, KV_SPLIT_SIZE, ROW_BLOCK)
+        return fixed_split_attention(q, k_cache, v_cache, batch, scale, KV_SPLIT_SIZE)

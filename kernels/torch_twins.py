@@ -21,18 +21,44 @@ before designing, on SmolLM2's shapes (K x N = 576x960, 576x576, 576x3072, 1536x
 * Row reductions over the last, contiguous dimension (`sum`, `amax`, `mean` over 576, 256;
   `log_softmax` over 49152): bitwise row-invariant for every M from 1 to 512 — one thread owns a
   row and the vectorised order depends only on the row length.
+
+Measured later, for a faster fixed-order twin (docs/kernels-performance.md has the timings):
+
+* FBGEMM's fp16 GEMM (`torch.ops.quantized.linear_dynamic_fp16`: fp16 weight packed once, fp32
+  activations, fp32 FMAs; the same call native's `Ops.linear` makes): predicted "row-invariant
+  whenever a row goes through the same micro-kernel". Got, for M = 1..1024 on 4 shapes and 1 or
+  2 threads: a row's result depends only on which register-block kernel computes it, and the
+  1- and 2-row kernels differ from the 3- to 6-row ones, which agree with each other. FBGEMM
+  cuts M into chunks of 120 rows and each chunk into kernels by a fixed table (AVX2: 6-row
+  kernels plus one remainder kernel of M mod 6 rows for chunks of 30 rows or more, e.g.
+  7 = 5 + 2, 14 = 6 + 6 + 2, 31 = 6x5 + 1), so the rows that vary are exactly those of a 1- or
+  2-row remainder. Padding M up to the next M' with M' mod 6 in {0, 3, 4, 5} (at most 2 extra
+  rows: 1 -> 3, 16 and 64 unchanged) puts every real row in a 3- to 6-row kernel: bitwise equal
+  to the M=1024 rows for every M tested, at every row position; threads split columns only.
+  This depends on FBGEMM's kernel table (an AVX-512 build has a different one), so the rule is
+  verified once per process on a probe GEMM (`fbgemm_rows_invariant`) before it is used, and
+  the twin falls back to the fp32 MKL GEMM above where it fails.
+* fp32 batched matmul once more, for attention by 64-key blocks: [G, M, 64] x [G, 64, 64] rows
+  are bitwise equal for every G in 1..64 and every M >= 4 (M <= 3 differs), so query rows are
+  padded to 4, not 8. A matmul over a key range padded with zero probabilities is *not* safe to
+  trim (MKL changed a row at 193..199 keys of which 100 were nonzero), so the reduction over
+  keys always runs over whole 64-key blocks, added in block order.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
 import torch
 import torch.nn.functional as F
-from flakecheck.kernels.ops import AttentionBatch
+from flakecheck.kernels.ops import AttentionBatch, fp16_pack
 
-ROW_BLOCK = 8  # rows of every fixed-order GEMM are padded to a multiple of this (see above)
+ROW_BLOCK = 8  # rows of every fixed-order fp32 GEMM are padded to a multiple of this (see above)
+FBGEMM_KERNEL_ROWS = 6  # rows of FBGEMM's widest AVX2 fp16 kernel; its 1- and 2-row kernels differ
+ATTENTION_ROW_BLOCK = 4  # query rows of attention's batched matmuls are padded to a multiple of this
+KEY_BLOCK = 64  # keys reduced by one batched matmul; a KV split is a whole number of these
 NEG_INF = float("-inf")
 
 _fp32_weights: dict[int, torch.Tensor] = {}
@@ -67,6 +93,57 @@ def fixed_order_matmul(x32: torch.Tensor, w32: torch.Tensor) -> torch.Tensor:
     """fp32 x[M, K] @ w[N, K].T whose every row is computed the same way whatever M is."""
     m = x32.shape[0]
     return F.linear(pad_rows(x32, ROW_BLOCK), w32)[:m]
+
+
+def fbgemm_rows(m: int) -> int:
+    """Rows to give FBGEMM's fp16 GEMM so that none of the first m lands in a 1- or 2-row kernel."""
+    short = m % FBGEMM_KERNEL_ROWS
+    return m + (3 - short if short in (1, 2) else 0)
+
+
+@functools.cache
+def fbgemm_rows_invariant() -> bool:
+    """Whether `fbgemm_rows` padding makes FBGEMM's fp16 GEMM row-invariant on this machine.
+
+    Checked once per process (~60 ms): every M up to two of FBGEMM's 120-row chunks past the
+    first, on a weight of two K blocks (FBGEMM cuts K at 512), against the rows of the largest M."""
+    try:
+        gen = torch.Generator().manual_seed(0)
+        weight = (torch.rand(64, 600, generator=gen) + 0.5).to(torch.bfloat16)  # one binade: packs
+        pack = fp16_pack(weight, None)
+        if pack is None:
+            return False
+        x = torch.randn(264, 600, generator=gen).to(torch.bfloat16).float()
+        reference = torch.ops.quantized.linear_dynamic_fp16(x, pack.packed)
+        for m in range(1, 261):
+            rows = torch.ops.quantized.linear_dynamic_fp16(x[: fbgemm_rows(m)], pack.packed)
+            if not torch.equal(rows[:m], reference[:m]):
+                return False
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):  # a build without FBGEMM
+        return False
+
+
+def fbgemm_fixed_order_linear(x: torch.Tensor, weight: torch.Tensor,
+                              bias: torch.Tensor | None) -> torch.Tensor | None:
+    """x[M, K] @ weight[N, K].T + bias in x's dtype through FBGEMM's fp16 GEMM, every row computed
+    by a 3- to 6-row kernel over the same K order whatever M is; None where that path is not
+    exact or not proven here (then the caller runs the fp32 GEMM).
+
+    The values are those of a bf16 GEMM with fp32 accumulation: the weight is an exact
+    power-of-two-scaled fp16 copy (ops.fp16_pack, shared with native: one copy, 2 bytes a
+    parameter), products are exact in fp32, the bias is added in fp32 and the output rounded once."""
+    if x.dtype == torch.float32 or x.device.type != "cpu" or not fbgemm_rows_invariant():
+        return None
+    pack = fp16_pack(weight, bias)
+    if pack is None:
+        return None
+    m = x.shape[0]
+    x32 = torch.empty((fbgemm_rows(m), x.shape[1]), dtype=torch.float32)
+    # the 2**-shift is exact (bf16/fp16 have no more range than fp32), fused with the cast
+    torch.mul(x, pack.unscale, out=x32[:m])
+    x32[m:].zero_()  # padding rows are computed but never read; zeros keep them finite
+    return torch.ops.quantized.linear_dynamic_fp16(x32, pack.packed)[:m].to(x.dtype)
 
 
 def split_k_matmul(x32: torch.Tensor, w32: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
@@ -205,3 +282,148 @@ def _chunk_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, li
         total = total + sums[:, :, c] * weights[:, :, c]
         acc = acc + outs[:, :, c] * weights[:, :, c]
     return (acc / total)[:, :, :rows]
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention of the invariant policy: fixed-size KV splits, each reduced over whole KEY_BLOCK-key
+# blocks in block order. Only the blocks up to the batch's longest context are computed: a block
+# past a row's own length contributes exact zeros (probability 0, weight exp(-inf) = 0), so a row's
+# bits do not depend on how far the longest sequence of its batch reaches.
+
+
+def fixed_split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+                          scale: float, split_size: int) -> torch.Tensor:
+    """Causal attention of packed q [T, H, D] over the cache with `split_size` keys a split.
+
+    Decode rows (one query per sequence) go in one batched call; each prefill chunk in its own.
+    A query row's work is the same in either: its `group` query heads padded to whole row blocks,
+    the same key blocks and splits, the same mask (keys at or before its own position)."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k_cache.shape[2]
+    group = heads // kv_heads
+    block = math.gcd(KEY_BLOCK, split_size)  # whole blocks a split (a test may use small splits)
+    per_split = split_size // block
+    plan = batch.cached(f"invariant_plan_{block}", lambda: _FixedSplitPlan.build(batch, block, group))
+    if plan.decode is not None:
+        rows, slots, longest, bias = plan.decode
+        n = bias.shape[0]
+        keys, values = _gather_kv_blocks(k_cache, v_cache, slots, longest, block)
+        qd = q if rows is None else q.index_select(0, rows)
+        o = _block_reduce(qd.view(n, kv_heads, group, head_dim), keys, values, bias, scale, per_split)
+        o = o.reshape(n, heads, head_dim).to(q.dtype)
+        if rows is None:
+            return o
+        out = torch.empty_like(q)
+        out.index_copy_(0, rows, o)
+    else:
+        out = torch.empty_like(q)
+    for slot, lo, n, ctx_i, bias in plan.prefills:
+        keys, values = _gather_kv_blocks(k_cache, v_cache, slice(slot, slot + 1), ctx_i, block)
+        # rows of one KV head: the n query positions times the `group` query heads sharing it
+        qg = q[lo : lo + n].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, n * group, head_dim)
+        o = _block_reduce(qg, keys, values, bias, scale, per_split)
+        out[lo : lo + n] = o.view(kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, heads, head_dim)
+    return out
+
+
+class _FixedSplitPlan:
+    """What every layer of one step reuses: which rows decode, their slots, and the additive masks."""
+
+    def __init__(self, decode: tuple[torch.Tensor | None, slice | torch.Tensor, int, torch.Tensor] | None,
+                 prefills: list[tuple[int, int, int, int, torch.Tensor]]) -> None:
+        self.decode = decode
+        self.prefills = prefills
+
+    @classmethod
+    def build(cls, batch: AttentionBatch, block: int, group: int) -> _FixedSplitPlan:
+        decode_seqs = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
+        decode = None
+        if decode_seqs:
+            everyone = len(decode_seqs) == batch.num_seqs
+            rows = None if everyone else torch.tensor([batch.query_starts[i] for i in decode_seqs])
+            slot_list = [batch.slots[i] for i in decode_seqs]
+            consecutive = slot_list == list(range(slot_list[0], slot_list[0] + len(slot_list)))
+            slots = slice(slot_list[0], slot_list[0] + len(slot_list)) if consecutive else torch.tensor(slot_list)
+            ctx = batch.context_lens_t if everyone else batch.context_lens_t[decode_seqs]
+            longest = max(batch.context_lens[i] for i in decode_seqs)
+            decode = (rows, slots, longest, _mask_bias(ctx[:, None].expand(len(decode_seqs), group), longest, block))
+        prefills = []
+        for i in range(batch.num_seqs):
+            n = batch.query_len(i)
+            if n > 1:
+                ctx_i = batch.context_lens[i]
+                limits = torch.arange(ctx_i - n + 1, ctx_i + 1).repeat_interleave(group)[None, :]
+                prefills.append((batch.slots[i], batch.query_starts[i], n, ctx_i, _mask_bias(limits, ctx_i, block)))
+        return cls(decode, prefills)
+
+
+def _mask_bias(limits: torch.Tensor, longest: int, block: int) -> torch.Tensor:
+    """[B, 1, blocks, Rp, block] fp32: 0 on the keys row r of sequence b sees (the first
+    limits[b, r]), -inf elsewhere. Padding rows see one key, so they never divide 0 by 0."""
+    limits = pad_rows(limits, ATTENTION_ROW_BLOCK, dim=1).clamp(min=1)
+    n_blocks = math.ceil(longest / block)
+    key_pos = torch.arange(n_blocks * block).view(1, 1, n_blocks, 1, block)
+    return torch.where(key_pos < limits[:, None, None, :, None], 0.0, NEG_INF)
+
+
+def _gather_kv_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: slice | torch.Tensor, context: int,
+                      block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [B, KVH, blocks, block, D] keys and values of `slots`, the context rounded up to whole
+    blocks. Positions past the cache are zero; positions past a sequence's own length hold
+    finite values (zeros or an earlier sequence's) and are masked: 0 * finite keeps sums exact."""
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    padded = math.ceil(context / block) * block
+    take = min(padded, k_cache.shape[1])
+    result = []
+    for cache in (k_cache, v_cache):
+        src = cache[slots, :take]  # a view for a slice of slots, a gather for a list
+        buf = torch.empty(src.shape[0], kv_heads, padded, head_dim, dtype=torch.float32)
+        buf[:, :, :take].copy_(src.transpose(1, 2))
+        if take < padded:
+            buf[:, :, take:].zero_()
+        result.append(buf.view(src.shape[0], kv_heads, padded // block, block, head_dim))
+    return result[0], result[1]
+
+
+def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float,
+                  per_split: int) -> torch.Tensor:
+    """qg [B, KVH, R, D] attends to keys/values [B, KVH, blocks, block, D] under the additive mask
+    `bias` [B, 1, blocks, Rp, block]. Each split of `per_split` blocks takes its own max; its
+    sum-exp and P @ V are the block results added in block order; the splits are then combined
+    in split order, each rescaled to the row's global max (flash-decoding's reduction).
+    Returns [B, KVH, R, D] fp32."""
+    b, kv_heads, rows, head_dim = qg.shape
+    n_blocks = keys.shape[2]
+    n_splits = math.ceil(n_blocks / per_split)
+    qs = pad_rows(qg.float() * scale, ATTENTION_ROW_BLOCK, dim=2).unsqueeze(2)  # [B, KVH, 1, Rp, D]
+    rp = qs.shape[3]
+    scores = torch.matmul(qs, keys.transpose(-1, -2)) + bias  # [B, KVH, blocks, Rp, block]
+    # blocks past the longest context are not computed: as exact zeros (and -inf maxima) they
+    # would not change any sum, so the split structure only needs them as padding here
+    extra = n_splits * per_split - n_blocks
+    block_max = scores.amax(-1)  # [B, KVH, blocks, Rp]
+    if extra:
+        block_max = torch.cat((block_max, block_max.new_full((b, kv_heads, extra, rp), NEG_INF)), 2)
+    split_max = block_max.view(b, kv_heads, n_splits, per_split, rp).amax(3)  # [B, KVH, splits, Rp]
+    ref = torch.nan_to_num(split_max, neginf=0.0).repeat_interleave(per_split, dim=2)[:, :, :n_blocks]
+    p = torch.exp(scores - ref[..., None])
+    sums = p.sum(-1)  # [B, KVH, blocks, Rp]: one row of `block` keys, a fixed order
+    outs = torch.matmul(p, values)  # [B, KVH, blocks, Rp, D]
+    if extra:
+        sums = torch.cat((sums, sums.new_zeros((b, kv_heads, extra, rp))), 2)
+        outs = torch.cat((outs, outs.new_zeros((b, kv_heads, extra, rp, head_dim))), 2)
+    sums = sums.view(b, kv_heads, n_splits, per_split, rp)
+    outs = outs.view(b, kv_heads, n_splits, per_split, rp, head_dim)
+    split_sum, split_out = sums[:, :, :, 0], outs[:, :, :, 0]
+    for j in range(1, per_split):  # block order inside every split at once
+        split_sum = split_sum + sums[:, :, :, j]
+        split_out = split_out + outs[:, :, :, j]
+    if n_splits == 1:  # the general combine below with one split: weight exp(0) = 1 exactly
+        return (split_out[:, :, 0] / split_sum[:, :, 0, :, None])[:, :, :rows]
+    # split 0 always holds a visible key, so the max is finite and a masked split weighs 0
+    weights = torch.exp(split_max - split_max.amax(2, keepdim=True))  # [B, KVH, splits, Rp]
+    total, acc = split_sum[:, :, 0] * weights[:, :, 0], split_out[:, :, 0] * weights[:, :, 0, :, None]
+    for c in range(1, n_splits):
+        total = total + split_sum[:, :, c] * weights[:, :, c]
+        acc = acc + split_out[:, :, c] * weights[:, :, c, :, None]
+    return (acc / total[..., None])[:, :, :rows]
