@@ -305,8 +305,7 @@ def fixed_split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     per_split = split_size // block
     plan = batch.cached(f"invariant_plan_{block}", lambda: _FixedSplitPlan.build(batch, block, group))
     if plan.decode is not None:
-        rows, slots, longest, bias = plan.decode
-        n = bias.shape[0]
+        rows, slots, n, longest, bias = plan.decode
         keys, values = _gather_kv_blocks(k_cache, v_cache, slots, longest, block)
         qd = q if rows is None else q.index_select(0, rows)
         o = _block_reduce(qd.view(n, kv_heads, group, head_dim), keys, values, bias, scale, per_split)
@@ -329,8 +328,8 @@ def fixed_split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 class _FixedSplitPlan:
     """What every layer of one step reuses: which rows decode, their slots, and the additive masks."""
 
-    def __init__(self, decode: tuple[torch.Tensor | None, slice | torch.Tensor, int, torch.Tensor] | None,
-                 prefills: list[tuple[int, int, int, int, torch.Tensor]]) -> None:
+    def __init__(self, decode: tuple[torch.Tensor | None, slice | torch.Tensor, int, int, torch.Tensor | None] | None,
+                 prefills: list[tuple[int, int, int, int, torch.Tensor | None]]) -> None:
         self.decode = decode
         self.prefills = prefills
 
@@ -346,7 +345,8 @@ class _FixedSplitPlan:
             slots = slice(slot_list[0], slot_list[0] + len(slot_list)) if consecutive else torch.tensor(slot_list)
             ctx = batch.context_lens_t if everyone else batch.context_lens_t[decode_seqs]
             longest = max(batch.context_lens[i] for i in decode_seqs)
-            decode = (rows, slots, longest, _mask_bias(ctx[:, None].expand(len(decode_seqs), group), longest, block))
+            bias = _mask_bias(ctx[:, None].expand(len(decode_seqs), group), longest, block)
+            decode = (rows, slots, len(decode_seqs), longest, bias)
         prefills = []
         for i in range(batch.num_seqs):
             n = batch.query_len(i)
@@ -357,11 +357,15 @@ class _FixedSplitPlan:
         return cls(decode, prefills)
 
 
-def _mask_bias(limits: torch.Tensor, longest: int, block: int) -> torch.Tensor:
+def _mask_bias(limits: torch.Tensor, longest: int, block: int) -> torch.Tensor | None:
     """[B, 1, blocks, Rp, block] fp32: 0 on the keys row r of sequence b sees (the first
-    limits[b, r]), -inf elsewhere. Padding rows see one key, so they never divide 0 by 0."""
-    limits = pad_rows(limits, ATTENTION_ROW_BLOCK, dim=1).clamp(min=1)
+    limits[b, r]), -inf elsewhere; None when every row sees every key of the blocks (adding 0.0
+    changes no score's bits that matter: only -0.0 becomes +0.0, and exp of either is 1).
+    Padding rows see every key (their scores are 0: no 0/0)."""
     n_blocks = math.ceil(longest / block)
+    limits = pad_rows(limits - n_blocks * block, ATTENTION_ROW_BLOCK, dim=1) + n_blocks * block
+    if bool((limits >= n_blocks * block).all()):
+        return None
     key_pos = torch.arange(n_blocks * block).view(1, 1, n_blocks, 1, block)
     return torch.where(key_pos < limits[:, None, None, :, None], 0.0, NEG_INF)
 
@@ -385,19 +389,33 @@ def _gather_kv_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: slice
     return result[0], result[1]
 
 
-def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float,
-                  per_split: int) -> torch.Tensor:
+def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
+                  scale: float, per_split: int) -> torch.Tensor:
     """qg [B, KVH, R, D] attends to keys/values [B, KVH, blocks, block, D] under the additive mask
-    `bias` [B, 1, blocks, Rp, block]. Each split of `per_split` blocks takes its own max; its
-    sum-exp and P @ V are the block results added in block order; the splits are then combined
-    in split order, each rescaled to the row's global max (flash-decoding's reduction).
-    Returns [B, KVH, R, D] fp32."""
+    `bias` [B, 1, blocks, Rp, block] (None: nothing masked). Each split of `per_split` blocks
+    takes its own max; its sum-exp and P @ V are the block results added in block order; the
+    splits are then combined in split order, each rescaled to the row's global max
+    (flash-decoding's reduction). Returns [B, KVH, R, D] fp32."""
     b, kv_heads, rows, head_dim = qg.shape
     n_blocks = keys.shape[2]
     n_splits = math.ceil(n_blocks / per_split)
     qs = pad_rows(qg.float() * scale, ATTENTION_ROW_BLOCK, dim=2).unsqueeze(2)  # [B, KVH, 1, Rp, D]
     rp = qs.shape[3]
-    scores = torch.matmul(qs, keys.transpose(-1, -2)) + bias  # [B, KVH, blocks, Rp, block]
+    scores = torch.matmul(qs, keys.transpose(-1, -2))  # [B, KVH, blocks, Rp, block]
+    if bias is not None:
+        scores += bias
+    if n_splits == 1:
+        # one split (contexts up to split_size): its max is the row's, no rescaling, and the
+        # general path below reduces to this (weight exp(0) = 1 exactly); fewer, in-place ops
+        # because a short decode step is dominated by per-op overhead
+        p = scores.sub_(scores.amax(dim=(2, 4), keepdim=True)).exp_()
+        sums = p.sum(-1)  # [B, KVH, blocks, Rp]: one row of `block` keys, a fixed order
+        outs = torch.matmul(p, values)  # [B, KVH, blocks, Rp, D]
+        total, acc = sums[:, :, 0], outs[:, :, 0]
+        for j in range(1, n_blocks):  # block order
+            total = total + sums[:, :, j]
+            acc = acc + outs[:, :, j]
+        return (acc / total[..., None])[:, :, :rows]
     # blocks past the longest context are not computed: as exact zeros (and -inf maxima) they
     # would not change any sum, so the split structure only needs them as padding here
     extra = n_splits * per_split - n_blocks
@@ -406,9 +424,9 @@ def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bi
         block_max = torch.cat((block_max, block_max.new_full((b, kv_heads, extra, rp), NEG_INF)), 2)
     split_max = block_max.view(b, kv_heads, n_splits, per_split, rp).amax(3)  # [B, KVH, splits, Rp]
     ref = torch.nan_to_num(split_max, neginf=0.0).repeat_interleave(per_split, dim=2)[:, :, :n_blocks]
-    p = torch.exp(scores - ref[..., None])
-    sums = p.sum(-1)  # [B, KVH, blocks, Rp]: one row of `block` keys, a fixed order
-    outs = torch.matmul(p, values)  # [B, KVH, blocks, Rp, D]
+    p = scores.sub_(ref[..., None]).exp_()
+    sums = p.sum(-1)
+    outs = torch.matmul(p, values)
     if extra:
         sums = torch.cat((sums, sums.new_zeros((b, kv_heads, extra, rp))), 2)
         outs = torch.cat((outs, outs.new_zeros((b, kv_heads, extra, rp, head_dim))), 2)
@@ -418,8 +436,6 @@ def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bi
     for j in range(1, per_split):  # block order inside every split at once
         split_sum = split_sum + sums[:, :, :, j]
         split_out = split_out + outs[:, :, :, j]
-    if n_splits == 1:  # the general combine below with one split: weight exp(0) = 1 exactly
-        return (split_out[:, :, 0] / split_sum[:, :, 0, :, None])[:, :, :rows]
     # split 0 always holds a visible key, so the max is finite and a masked split weighs 0
     weights = torch.exp(split_max - split_max.amax(2, keepdim=True))  # [B, KVH, splits, Rp]
     total, acc = split_sum[:, :, 0] * weights[:, :, 0], split_out[:, :, 0] * weights[:, :, 0, :, None]
