@@ -60,7 +60,8 @@ def build_tiny_model(path: Path, architecture: str = "llama", seed: int = 0, ini
     tokenizer = build_tokenizer(path)
     common = dict(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=2, num_attention_heads=num_heads, num_key_value_heads=num_heads // 2, max_position_embeddings=512, rms_norm_eps=1e-6,
+        num_hidden_layers=2, num_attention_heads=num_heads, num_key_value_heads=num_heads // 2,
+        max_position_embeddings=512, rms_norm_eps=1e-6,
         initializer_range=init_std, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
