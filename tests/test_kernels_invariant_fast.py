@@ -141,3 +141,19 @@ def test_rows_do_not_depend_on_the_longest_context(kv, ctx: int, n: int, longer:
     alone = _attend(kv, [probe])[0]
     assert torch.equal(_attend(kv, [probe, (1, 1, longer)])[0], alone)
     assert torch.equal(_attend(kv, [(2, 1, longer), probe, (3, 1, max(1, longer // 2))])[1], alone)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm through ATen's fused kernel: hidden rows and per-head rows (Qwen3's q/k norm)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@SETTINGS
+@given(m=st.integers(1, MAX_ROWS), offset=st.integers(0, MAX_ROWS - 1))
+@example(m=1, offset=0)
+def test_rmsnorm_rows_do_not_depend_on_m_or_position(dtype: torch.dtype, m: int, offset: int) -> None:
+    rows = (torch.arange(m) + offset) % MAX_ROWS
+    for shape in ((MAX_ROWS, HIDDEN), (MAX_ROWS, HEADS, HEAD_DIM)):
+        x = _rand(*shape, dtype=dtype, seed=41, scale=3.0)
+        w = _rand(shape[-1], dtype=dtype, seed=42, scale=0.1) + 1
+        assert torch.equal(invariant.rmsnorm(x[rows], w, 1e-6), invariant.rmsnorm(x, w, 1e-6)[rows])
