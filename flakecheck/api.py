@@ -327,11 +327,10 @@ def run_from_cli(*, suite: Path, compositions_file: Path | None, composition_spe
     except RunInterrupted as exc:
         Console(stderr=True).print(f"[yellow]{exc}[/yellow]")
         sys.exit(130)
-    console = Console()
     if quiet:
-        console.print(summary_line(run), highlight=False)
+        print(summary_line(run))  # one line whatever the terminal width: scripts grep it
     else:
-        render_summary(run, console)
+        render_summary(run, Console())
 
 
 __all__ = ["REFERENCE", "RunData", "RunInterrupted", "load_run", "run_suite"]
