@@ -7,12 +7,14 @@ under $FLAKECHECK_CACHE, so later loads read safetensors. Pickled checkpoints ar
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,15 +120,40 @@ def gguf_to_safetensors(gguf: Path) -> tuple[Path, bool]:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         (staging / "flakecheck-source.json").write_text(json.dumps({"gguf": str(gguf)}))
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        if target.exists() and not (target / "model.safetensors").is_file():
+            shutil.rmtree(target)  # a half-made directory from a crash before this cache was atomic
+        try:
+            staging.rename(target)
+        except OSError:  # another process converted the same file meanwhile: keep its copy
+            if not (target / "model.safetensors").is_file():
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target, False
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' own progress bars and notices would interleave with flakecheck's output."""
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(spec: str = DEFAULT_MODEL, dtype: torch.dtype | str = torch.bfloat16) -> LoadedModel:
+    with _quiet_transformers():
+        return _load_model(spec, dtype)
+
+
+def _load_model(spec: str, dtype: torch.dtype | str) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     if isinstance(dtype, str):
