@@ -418,10 +418,11 @@ def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bi
         p = scores.sub_(scores.amax(dim=(2, 4), keepdim=True)).exp_()
         sums = p.sum(-1)  # [B, KVH, blocks, Rp]: one row of `block` keys, a fixed order
         outs = torch.matmul(p, values)  # [B, KVH, blocks, Rp, D]
-        total, acc = sums[:, :, 0], outs[:, :, 0]
-        for j in range(1, n_blocks):  # block order
-            total = total + sums[:, :, j]
-            acc = acc + outs[:, :, j]
+        sum_blocks, out_blocks = sums.unbind(2), outs.unbind(2)  # one call for all the views
+        total, acc = sum_blocks[0], out_blocks[0]
+        for sum_j, out_j in zip(sum_blocks[1:], out_blocks[1:]):  # block order
+            total = total + sum_j
+            acc = acc + out_j
         return (acc / total[..., None])[:, :, :rows]
     # blocks past the longest context are not computed: as exact zeros (and -inf maxima) they
     # would not change any sum, so the split structure only needs them as padding here
