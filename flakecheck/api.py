@@ -12,13 +12,15 @@ then analyses the traces and writes the run directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 import shlex
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +30,7 @@ import pyarrow as pa
 
 from flakecheck.analysis import Thresholds, analyse
 from flakecheck.checks import check_label
-from flakecheck.compositions import REFERENCE, Composition, resolve_compositions
+from flakecheck.compositions import REFERENCE, Composition, order_compositions, resolve_compositions
 from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens, encode_prompt, load_model
 from flakecheck.errors import UserError
 from flakecheck.kernels import Ops, get_ops, resolve_backend
@@ -97,10 +99,12 @@ def run_suite(
     load_s = time.perf_counter() - started
     traces, replay_s = _replay_all(plan, resume, progress)
     t0 = time.perf_counter()
-    tables = _analyse(plan, traces)
-    analysis_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    _write(plan, tables, {"load_s": load_s, "replay_s": replay_s, "analysis_s": analysis_s})
+    work = [(r, c) for r in range(repeat) for c in plan.compositions]
+    with _interruptible(plan, work):
+        tables = _analyse(plan, traces)
+        analysis_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        _write(plan, tables, {"load_s": load_s, "replay_s": replay_s, "analysis_s": analysis_s})
     run = load_run(plan.out)
     if html:
         from flakecheck.reports.html import write_html
@@ -122,18 +126,24 @@ def _plan(suite, model, dtype, kernels, backend, profile, compositions, max_toke
         raise UserError(f"--gap-threshold must be > 0, got {gap_threshold!r}")
     suite_obj = suite if isinstance(suite, Suite) else load_suite(suite)
     suite_obj = suite_obj.select(list(ids) if ids else None, limit)
-    comps = list(compositions) if compositions is not None else resolve_compositions(None, [])
-    if not comps:
-        raise UserError("no compositions to replay")
+    comps = order_compositions(compositions) if compositions is not None else resolve_compositions(None, [])
     try:
-        ops = get_ops(kernels, backend, profile, "cpu")
         resolved_backend = resolve_backend(backend, "cpu")
-    except ValueError as exc:
+        if resolved_backend == "triton" and not os.environ.get("TRITON_INTERPRET"):
+            raise ValueError("the engine runs on the CPU, where the Triton kernels need TRITON_INTERPRET=1 "
+                             "(slow; meant for small tests): use --backend torch or auto")
+        ops = get_ops(kernels, backend, profile, "cpu")
+    except (ValueError, ImportError) as exc:
         raise UserError(str(exc)) from exc
     loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype)
+    context = loaded.config.max_context
     prompt_ids = {case.id: encode_prompt(loaded, case.input) for case in suite_obj.cases}
-    check_prompt_lengths(suite_obj, lambda case: len(prompt_ids[case.id]),
-                         loaded.config.max_position_embeddings, max_tokens)
+    check_prompt_lengths(suite_obj, lambda case: len(prompt_ids[case.id]), context, max_tokens)
+    for comp in comps:
+        longest_filler = comp.fillers.prompt_len[1] + comp.fillers.output_len[1]
+        if comp.fillers.count and longest_filler > context:
+            raise UserError(f"composition '{comp.name}': fillers of up to {longest_filler} tokens exceed the "
+                            f"model's context of {context}")
     requests = [CaseRequest(c.id, prompt_ids[c.id], c.max_tokens or max_tokens) for c in suite_obj.cases]
     out_dir = Path(out) if out is not None else _default_out(suite_obj.path)
     if resume and out is None:
@@ -151,8 +161,9 @@ def _plan(suite, model, dtype, kernels, backend, profile, compositions, max_toke
         "thresholds": {"gap_threshold": gap_threshold, "gap_window": gap_window},
     }
     plan = RunPlan(suite_obj, comps, loaded, ops, settings, requests, out_dir)
+    # What decides the traces; thresholds only change the analysis, so a resume may change them.
     plan.fingerprint = {
-        **settings,
+        **{k: v for k, v in settings.items() if k not in ("thresholds", "model")},
         "suite_sha256": suite_obj.sha256,
         "case_ids": [r.case_id for r in requests],
         "compositions": [c.to_dict() for c in comps],
@@ -182,7 +193,7 @@ def _prepare_out(plan: RunPlan, resume: bool) -> None:
         if changed:
             raise UserError(f"{plan.out}: cannot resume, the run's settings differ in: {', '.join(changed)}")
         return
-    if plan.out.exists() and any(plan.out.iterdir()):
+    if plan.out.exists() and (not plan.out.is_dir() or any(plan.out.iterdir())):
         raise UserError(f"{plan.out}: already exists and is not empty (choose another --out, or --resume)")
     write_json(fingerprint_file, plan.fingerprint)
 
@@ -206,18 +217,25 @@ def _replay_all(plan: RunPlan, resume: bool, show_progress: bool) -> tuple[list[
                 continue
             bar.start(composition.name if repeat == 0 else f"{composition.name} #{repeat}")
             t0 = time.perf_counter()
-            try:
+            with _interruptible(plan, work):
                 done = replay(engine, plan.requests, composition, repeat, on_case_done=bar.case_done)
-            except KeyboardInterrupt:
-                finished = sum(_partial_path(plan, c, r).is_file() for r, c in work)
-                raise RunInterrupted(
-                    f"interrupted: {finished} of {len(work)} compositions saved in {plan.out / PARTIAL}; "
-                    f"continue with: {_resume_command(plan)}"
-                ) from None
-            replay_s += time.perf_counter() - t0
-            write_table(path, pa.Table.from_pylist([asdict(t) for t in done]))
+                replay_s += time.perf_counter() - t0
+                write_table(path, pa.Table.from_pylist([asdict(t) for t in done]))
             traces.extend(done)
     return traces, replay_s
+
+
+@contextlib.contextmanager
+def _interruptible(plan: RunPlan, work: list[tuple[int, Composition]]) -> Iterator[None]:
+    """Ctrl-C becomes a RunInterrupted that says what was saved and how to continue."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        finished = sum(_partial_path(plan, c, r).is_file() for r, c in work)
+        raise RunInterrupted(
+            f"interrupted: {finished} of {len(work)} compositions saved in {plan.out / PARTIAL}; "
+            f"continue with: {_resume_command(plan)}"
+        ) from None
 
 
 def _as_lists(traces: list[Trace]) -> list[Trace]:

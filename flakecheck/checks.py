@@ -290,7 +290,7 @@ def parse_json_output(output: str) -> tuple[bool, Any]:
     for text in candidates:
         try:
             return True, json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # a model repeating "[[[[" nests past the recursion limit
             continue
     return False, None
 

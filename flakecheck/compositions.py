@@ -320,13 +320,18 @@ def resolve_compositions(path: Path | None, specs: Sequence[str]) -> list[Compos
     if path is not None:
         compositions.extend(load_compositions(path))
     compositions.extend(parse_composition_spec(spec) for spec in specs)
-    if not compositions:
-        compositions = list(DEFAULT_COMPOSITIONS)
+    return order_compositions(compositions or list(DEFAULT_COMPOSITIONS))
+
+
+def order_compositions(compositions: Sequence[Composition]) -> list[Composition]:
+    """Distinct names (each names a partial file and a report column), the reference first."""
     seen: set[str] = set()
     for composition in compositions:
         if composition.name in seen:
             raise UserError(f"two compositions are named '{composition.name}'; give each a distinct name=")
         seen.add(composition.name)
+    if not compositions:
+        raise UserError("no compositions to replay")
     reference = next((c for c in compositions if c.name == REFERENCE), compositions[0])
     return [reference] + [c for c in compositions if c is not reference]
 
