@@ -36,6 +36,11 @@ class Tables:
     cases: list[dict[str, Any]]
 
 
+def run_label(composition: str, repeat: int) -> str:
+    """How a (composition, repeat) is named in tables and reports: `batch8`, `batch8 #1`."""
+    return composition if repeat == 0 else f"{composition} #{repeat}"
+
+
 def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | None:
     """Index of the first generated token that differs; None when the sequences are identical."""
     for step, (a, b) in enumerate(zip(reference, other)):
@@ -126,7 +131,7 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
         step, trace = earliest
         row.update({
             "first_divergence": step,
-            "divergence_composition": trace.composition if trace.repeat == 0 else f"{trace.composition}#{trace.repeat}",
+            "divergence_composition": run_label(trace.composition, trace.repeat),
             "ref_token": token_text(ref.token_ids[step]) if step < len(ref.token_ids) else None,
             "alt_token": token_text(trace.token_ids[step]) if step < len(trace.token_ids) else None,
             "gap_at_divergence": (ref.top1_logprobs[step] - ref.top2_logprobs[step])

@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flakecheck.analysis import Thresholds, analyse
+from flakecheck.analysis import Thresholds, analyse, run_label
 from flakecheck.checks import check_label
 from flakecheck.compositions import REFERENCE, Composition, order_compositions, resolve_compositions
 from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens, encode_prompt, load_model
@@ -212,10 +212,10 @@ def _replay_all(plan: RunPlan, resume: bool, show_progress: bool) -> tuple[list[
             path = _partial_path(plan, composition, repeat)
             if resume and path.is_file():
                 done = [Trace(**row) for row in read_table(path).to_dict("records")]
-                bar.skip(composition.name, len(done), sum(len(t.token_ids) for t in done))
+                bar.skip(run_label(composition.name, repeat), len(done))
                 traces.extend(_as_lists(done))
                 continue
-            bar.start(composition.name if repeat == 0 else f"{composition.name} #{repeat}")
+            bar.start(run_label(composition.name, repeat))
             t0 = time.perf_counter()
             with _interruptible(plan, work):
                 done = replay(engine, plan.requests, composition, repeat, on_case_done=bar.case_done)

@@ -39,7 +39,7 @@ class ReplayProgress:
     def start(self, composition: str) -> None:
         self.progress.update(self.task, description=composition)
 
-    def skip(self, composition: str, cases: int, tokens: int) -> None:
+    def skip(self, composition: str, cases: int) -> None:
         """A composition finished by an earlier, interrupted run (--resume)."""
         self.progress.update(self.task, description=f"{composition} (saved)", advance=cases)
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from flakecheck.kernels.ops import AttentionBatch, Ops
+from flakecheck.kernels.ops import AttentionBatch, Ops, fp32_copy
 from flakecheck.kernels.torch_twins import (
     fbgemm_fixed_order_linear,
     finish_linear,
     fixed_order_matmul,
     fixed_split_attention,
-    fp32_weight,
 )
 
 KV_SPLIT_SIZE = 256  # keys a split, whatever the batch; the last split is masked past the row
@@ -30,7 +29,7 @@ class InvariantTorchOps(Ops):
         out = fbgemm_fixed_order_linear(x, weight, bias)
         if out is not None:
             return out
-        return finish_linear(fixed_order_matmul(x.float(), fp32_weight(weight)), bias, x.dtype)
+        return finish_linear(fixed_order_matmul(x.float(), fp32_copy(weight)), bias, x.dtype)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # ATen's fused RMSNorm reduces each fp32 row in one thread in a length-determined order

@@ -4,7 +4,7 @@ whose split counts follow the batch shape through the device profile's heuristic
 from __future__ import annotations
 
 import torch
-from flakecheck.kernels.ops import AttentionBatch, Ops
+from flakecheck.kernels.ops import AttentionBatch, Ops, fp32_copy
 from flakecheck.kernels.profiles import (
     attention_splits,
     get_profile,
@@ -15,7 +15,6 @@ from flakecheck.kernels.profiles import (
 from flakecheck.kernels.torch_twins import (
     chunked_attention,
     finish_linear,
-    fp32_weight,
     rmsnorm_from_sumsq,
     split_k_matmul,
     split_row_log_softmax,
@@ -42,7 +41,7 @@ class SplitKTorchOps(Ops):
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         m, k = x.shape
         splits = matmul_splits(m, weight.shape[0], k, self.sms)
-        acc = split_k_matmul(x.float(), fp32_weight(weight), split_bounds(k, splits))
+        acc = split_k_matmul(x.float(), fp32_copy(weight), split_bounds(k, splits))
         return finish_linear(acc, bias, x.dtype)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 
 import torch
 import torch.nn.functional as F
@@ -62,24 +61,6 @@ FBGEMM_KERNEL_ROWS = 6  # rows of FBGEMM's widest AVX2 fp16 kernel; its 1- and 2
 ATTENTION_ROW_BLOCK = 4  # query rows of attention's batched matmuls are padded to a multiple of this
 KEY_BLOCK = 64  # keys reduced by one batched matmul; a KV split is a whole number of these
 NEG_INF = float("-inf")
-
-_fp32_weights: dict[int, torch.Tensor] = {}
-
-
-def fp32_weight(weight: torch.Tensor) -> torch.Tensor:
-    """An fp32 contiguous copy of `weight`, made once and dropped when the weight is freed.
-
-    Costs 4 bytes per parameter (SmolLM2-135M: ~540 MB) on top of the bf16 weights."""
-    if weight.dtype == torch.float32 and weight.is_contiguous():
-        return weight
-    key = id(weight)
-    cached = _fp32_weights.get(key)
-    if cached is None or cached.shape != weight.shape:
-        cached = weight.detach().float().contiguous()
-        _fp32_weights[key] = cached
-        weakref.finalize(weight, _fp32_weights.pop, key, None)
-    return cached
-
 
 def pad_rows(x: torch.Tensor, block: int, dim: int = 0) -> torch.Tensor:
     """x with zero rows appended along `dim` up to a multiple of `block`."""

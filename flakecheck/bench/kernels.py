@@ -24,7 +24,7 @@ from flakecheck.engine.model_runner import pack
 from flakecheck.engine.models import MODEL_CLASSES
 from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.kernels import AttentionBatch, Ops, get_ops
-from flakecheck.kernels.torch_twins import fp32_weight
+from flakecheck.kernels.ops import fp32_copy
 
 POLICIES = ("native", "invariant", "splitk")
 CONTEXT = 128
@@ -77,7 +77,7 @@ def _warm_fp32_copies(model) -> int:
     weights = [model.lm_head.weight]
     for layer in model.layers:
         weights += [layer.attn.qkv.weight, layer.attn.o_proj.weight, layer.gate_up.weight, layer.down.weight]
-    return sum(fp32_weight(w).numel() * 4 for w in weights)
+    return sum(fp32_copy(w).numel() * 4 for w in weights)
 
 
 def _op_cases(loaded: LoadedModel, batch: int) -> dict[str, Callable[[Ops], Callable[[], object]]]:

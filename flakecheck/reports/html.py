@@ -21,6 +21,7 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
+from flakecheck.analysis import first_divergence, run_label
 from flakecheck.reports.facts import (
     DIVERGED,
     RunFacts,
@@ -201,7 +202,7 @@ def _detail(case_id: str, anchor: str, case: dict[str, Any], case_runs: pd.DataF
     for ids, rows in groups.items():
         if ids == ref_ids:
             continue
-        alternatives.append((_first_difference(ref_ids, ids), ids, rows))
+        alternatives.append((first_divergence(ref_ids, ids), ids, rows))  # differs: not None
     alternatives.sort(key=lambda a: (a[0], -len(a[2])))
     shown = alternatives[:limits.alternatives_per_case]
     ref_marks = {step for step, _, _ in shown}
@@ -221,18 +222,10 @@ def _detail(case_id: str, anchor: str, case: dict[str, Any], case_runs: pd.DataF
     )
 
 
-def _first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
 def _output(label: str, rows: list[dict[str, Any]], divergence: int | None, marks: set[int], by_key: dict,
             vocab: dict[int, str], facts: RunFacts, limits: HtmlLimits) -> OutputView:
     first = rows[0]
-    compositions = [r["composition"] if int(r["repeat"]) == 0 else f"{r['composition']} #{int(r['repeat'])}"
-                    for r in rows]
+    compositions = [run_label(r["composition"], int(r["repeat"])) for r in rows]
     tokens = [_token(t, divergence, marks, vocab, facts.gap_threshold)
               for t in by_key.get((first["case_id"], first["composition"], first["repeat"]), [])]
     n_tokens = int(first["n_tokens"])
