@@ -86,10 +86,13 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
                   decode: Callable[[list[int]], str], token_text: Callable[[int], str], tables: Tables) -> dict:
     earliest: tuple[int, Trace] | None = None
     verdicts: list[bool] = []
+    texts: dict[tuple[int, ...], str] = {}  # most compositions reproduce the reference: decode it once
     graded: dict[str, bool | None] = {}  # identical outputs are graded once (a regex may take its full timeout)
     for trace in traces:
         divergence = first_divergence(ref.token_ids, trace.token_ids)
-        text = decode(trace.token_ids)
+        text = texts.get(tuple(trace.token_ids))
+        if text is None:
+            text = texts[tuple(trace.token_ids)] = decode(trace.token_ids)
         if text not in graded:
             graded[text] = grade(text, case.checks, case.targets)
         passed = graded[text]

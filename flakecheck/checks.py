@@ -83,10 +83,6 @@ class Check:
     negate: bool = False
     options: dict[str, Any] = field(default_factory=dict, hash=False)
 
-    @property
-    def uses_target(self) -> bool:
-        return self.value is None and self.type in TARGET_TYPES
-
 
 def normalise_whitespace(text: str) -> str:
     return " ".join(text.split())

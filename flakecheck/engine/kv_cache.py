@@ -33,10 +33,6 @@ class KVCache:
     def release(self, slot: int) -> None:
         self.free_slots.append(slot)
 
-    @property
-    def num_free(self) -> int:
-        return len(self.free_slots)
-
     def rows(self, slot: int, start: int, end: int) -> range:
         """Rows of positions start..end-1 of `slot` in a layer's cache viewed as [slots * length, ...]."""
         base = slot * self.length

@@ -22,7 +22,6 @@ class PrefixCache:
     def __init__(self, capacity_blocks: int = 4096, block_size: int = BLOCK_SIZE) -> None:
         self.blocks: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.capacity, self.block_size = capacity_blocks, block_size
-        self.hit_tokens = 0
 
     def lookup(self, prompt_ids: list[int]) -> list[torch.Tensor]:
         """Cached KV blocks for the longest cached prefix, leaving at least one prompt token to compute."""
@@ -34,7 +33,6 @@ class PrefixCache:
                 break
             self.blocks.move_to_end(key)
             found.append(block)
-        self.hit_tokens += len(found) * self.block_size
         return found
 
     def missing(self, prompt_ids: list[int]) -> list[tuple[int, int]]:
