@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flakecheck.checks import grade
-from flakecheck.replay import Trace
 from flakecheck.suite import Case
+from flakecheck.traces import Trace
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,7 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
                 "token_id": token, "token": token_text(token), "logprob": lp1, "top1_id": trace.top1_ids[step],
                 "top1_logprob": lp1, "top2_id": top2, "top2_logprob": lp2, "gap": lp1 - lp2,
                 "top2_token": token_text(top2),
+                "top1_logit": trace.top1_logits[step] if trace.top1_logits is not None else None,
             })
     window = step_gaps(ref)[: thresholds.gap_window]
     near_ties = sum(gap < thresholds.gap_threshold for gap in window)

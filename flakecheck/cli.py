@@ -42,6 +42,9 @@ def run(
     ids: str | None = typer.Option(None, help="only these case ids, comma-separated"),
     out: Path | None = typer.Option(None, help="run directory (default reports/<suite>-<UTC time>)"),
     resume: bool = typer.Option(False, help="continue an interrupted run in --out"),
+    replay: str = typer.Option("auto", help="auto | simulated | physical: how compositions are replayed "
+                               "(simulated: all at once, bitwise equal to physical; native is always physical)"),
+    input_format: str = typer.Option("auto", help="auto | chat | raw: how a string `input` is sent"),
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
 ) -> None:
@@ -51,7 +54,7 @@ def run(
         suite=suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
         compositions_file=compositions, composition_specs=composition or [], max_tokens=max_tokens,
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
-        out=out, resume=resume, html=not no_html, quiet=quiet, argv=sys.argv,
+        out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
     )
 
 

@@ -78,6 +78,25 @@ class Composition:
         data["fillers"]["output_len"] = list(self.fillers.output_len)
         return data
 
+    def to_spec(self) -> str:
+        """The `--composition` text that parses back to this composition (non-default fields only)."""
+        default, filler_default = Composition(self.name), Fillers()
+        parts = [f"name={self.name}"]
+        for key in ("max_batch", "order_seed", "chunk", "prefix_cache", "arrival"):
+            value = getattr(self, key)
+            if value != getattr(default, key):
+                parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+        f = self.fillers
+        if f.count != filler_default.count:
+            parts.append(f"fillers={f.count}")
+        for key, value, base in (("filler_prompt_len", f.prompt_len, filler_default.prompt_len),
+                                 ("filler_output_len", f.output_len, filler_default.output_len)):
+            if value != base:
+                parts.append(f"{key}={value[0]}-{value[1]}")
+        if f.seed != filler_default.seed:
+            parts.append(f"filler_seed={f.seed}")
+        return ",".join(parts)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Composition:
         """The inverse of to_dict; also takes the flat spec keys. ValueError on a bad key or value."""

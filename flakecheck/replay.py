@@ -6,11 +6,20 @@ never a loop of solo calls. Only the cases' completions become traces; fillers a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from flakecheck.compositions import Composition, arrival_order, make_fillers
-from flakecheck.engine import Completion, LLMEngine, Request, SamplingParams
+from flakecheck.engine import Completion, LLMEngine, LoadedModel, Request, SamplingParams
+from flakecheck.kernels import get_ops
+from flakecheck.traces import Trace
+
+if TYPE_CHECKING:
+    from flakecheck.config import RunConfig
+    from flakecheck.progress import ReplayProgress
+    from flakecheck.rundir import RunDirectory
 
 
 @dataclass(frozen=True)
@@ -22,24 +31,9 @@ class CaseRequest:
     max_tokens: int
 
 
-@dataclass(frozen=True)
-class Trace:
-    """What one case generated under one (composition, repeat)."""
-
-    case_id: str
-    composition: str
-    repeat: int
-    token_ids: list[int]
-    top1_ids: list[int]
-    top1_logprobs: list[float]
-    top2_ids: list[int]
-    top2_logprobs: list[float]
-    finish_reason: str
-
-    @classmethod
-    def from_completion(cls, c: Completion, composition: str, repeat: int) -> Trace:
-        return cls(str(c.request_id), composition, repeat, c.token_ids, c.top1_ids, c.top1_logprobs,
-                   c.top2_ids, c.top2_logprobs, c.finish_reason)
+def trace_of(c: Completion, composition: str, repeat: int) -> Trace:
+    return Trace(str(c.request_id), composition, repeat, c.token_ids, c.top1_ids, c.top1_logprobs,
+                 c.top2_ids, c.top2_logprobs, c.finish_reason, c.top1_logits)
 
 
 def build_requests(cases: Sequence[CaseRequest], composition: Composition, repeat: int,
@@ -71,10 +65,36 @@ def replay(engine: LLMEngine, cases: Sequence[CaseRequest], composition: Composi
     def finished(completion: Completion) -> None:
         if isinstance(completion.request_id, tuple):  # a filler
             return
-        trace = Trace.from_completion(completion, composition.name, repeat)
+        trace = trace_of(completion, composition.name, repeat)
         traces[trace.case_id] = trace
         if on_case_done is not None:
             on_case_done(trace)
 
     engine.generate(build_requests(cases, composition, repeat, vocab, special), on_finish=finished)
     return [traces[c.case_id] for c in cases]
+
+
+def replay_runs(model: LoadedModel, config: RunConfig, cases: Sequence[CaseRequest],
+                work: Sequence[tuple[Composition, int]], directory: RunDirectory, resume: bool,
+                bar: ReplayProgress) -> tuple[list[Trace], float]:
+    """Every (composition, repeat) of a run; each finished one is saved at once in the run directory
+    (on resume, the saved ones are read back instead of replayed). Returns the traces and the replay time."""
+    from flakecheck.analysis import run_label
+
+    engine = LLMEngine(model, get_ops(config.kernels, config.backend, config.profile, "cpu"))
+    traces: list[Trace] = []
+    replay_s = 0.0
+    for composition, repeat in work:
+        label = run_label(composition.name, repeat)
+        saved = directory.saved_traces(composition.name, repeat) if resume else None
+        if saved is not None:
+            bar.skip(label, len(saved))
+            traces.extend(saved)
+            continue
+        bar.start(label)
+        t0 = time.perf_counter()
+        done = replay(engine, cases, composition, repeat, on_case_done=bar.case_done)
+        replay_s += time.perf_counter() - t0
+        directory.save_traces(composition.name, repeat, done)
+        traces.extend(done)
+    return traces, replay_s

@@ -1,13 +1,15 @@
 """The run directory: parquet tables + meta.json, written atomically, read back without the model.
 
-Layout (DESIGN §8): runs.parquet, tokens.parquet, cases.parquet, meta.json, report.html, and
-while a run is in progress or was interrupted, partial/ (one parquet per finished composition).
+Layout: runs.parquet, tokens.parquet, cases.parquet, meta.json, report.html, and while a run is in
+progress or was interrupted, partial/ (fingerprint.json and one trace parquet per finished
+composition and repeat). `RunDirectory` is the one place that knows these names.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flakecheck.errors import UserError
+from flakecheck.traces import Trace
 
 RUNS_SCHEMA = pa.schema([
     ("case_id", pa.string()),
@@ -44,7 +47,8 @@ TOKENS_SCHEMA = pa.schema([
     ("top2_id", pa.int32()),
     ("top2_logprob", pa.float32()),
     ("gap", pa.float32()),
-    ("top2_token", pa.string()),  # beyond DESIGN §8: the runner-up's text, for reports without a tokenizer
+    ("top2_token", pa.string()),  # the runner-up's text, for reports without a tokenizer
+    ("top1_logit", pa.float32()),  # the chosen token's raw logit (null where the source reports none)
 ])
 
 CASES_SCHEMA = pa.schema([
@@ -62,6 +66,20 @@ CASES_SCHEMA = pa.schema([
     ("pass_rate", pa.float32()),
     ("verdict_flip", pa.bool_()),
     ("risk", pa.float32()),
+])
+
+# partial/<composition>.r<repeat>.parquet: the traces of one finished (composition, repeat)
+TRACE_SCHEMA = pa.schema([
+    ("case_id", pa.string()),
+    ("composition", pa.string()),
+    ("repeat", pa.int32()),
+    ("token_ids", pa.list_(pa.int32())),
+    ("top1_ids", pa.list_(pa.int32())),
+    ("top1_logprobs", pa.list_(pa.float64())),
+    ("top2_ids", pa.list_(pa.int32())),
+    ("top2_logprobs", pa.list_(pa.float64())),
+    ("finish_reason", pa.string()),
+    ("top1_logits", pa.list_(pa.float64())),
 ])
 
 STATUSES = ("stable", "fragile", "flaky", "verdict_flaky")
@@ -118,19 +136,91 @@ def read_table(path: Path) -> pd.DataFrame:
     return pq.read_table(path).to_pandas()
 
 
+class RunDirectory:
+    """Every file of a run directory, by name, and how it is written (atomically, never half a file)."""
+
+    RUNS, TOKENS, CASES = "runs.parquet", "tokens.parquet", "cases.parquet"
+    META, HTML, PARTIAL, FINGERPRINT = "meta.json", "report.html", "partial", "fingerprint.json"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def html_path(self) -> Path:
+        return self.path / self.HTML
+
+    @property
+    def partial_dir(self) -> Path:
+        return self.path / self.PARTIAL
+
+    # ------------------------------------------------------------------ while the run is in progress
+
+    def begin(self, fingerprint: dict[str, Any], resume: bool) -> None:
+        """A new run: refuse a non-empty directory, record what decides the traces. A resumed run: the
+        recorded fingerprint must match, else the saved traces belong to another run."""
+        recorded = self.partial_dir / self.FINGERPRINT
+        if resume:
+            if not recorded.is_file():
+                raise UserError(f"{self.path}: nothing to resume (no {self.PARTIAL}/{self.FINGERPRINT})")
+            saved = json.loads(recorded.read_text())
+            normal = json.loads(json.dumps(fingerprint, default=str))
+            changed = sorted(k for k in set(saved) | set(normal) if saved.get(k) != normal.get(k))
+            if changed:
+                raise UserError(f"{self.path}: cannot resume, the run's settings differ in: {', '.join(changed)}")
+            return
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise UserError(f"{self.path}: already exists and is not empty (choose another --out, or --resume)")
+        write_json(recorded, fingerprint)
+
+    def _trace_file(self, composition: str, repeat: int) -> Path:
+        return self.partial_dir / f"{composition}.r{repeat}.parquet"
+
+    def saved_traces(self, composition: str, repeat: int) -> list[Trace] | None:
+        """The traces a previous, interrupted attempt saved for this (composition, repeat), if any."""
+        path = self._trace_file(composition, repeat)
+        if not path.is_file():
+            return None
+        return [Trace.from_record(row) for row in pq.read_table(path).to_pylist()]
+
+    def save_traces(self, composition: str, repeat: int, traces: list[Trace]) -> None:
+        rows = [vars(t) for t in traces]
+        write_table(self._trace_file(composition, repeat), pa.Table.from_pylist(rows, schema=TRACE_SCHEMA))
+
+    def n_saved(self, work: list[tuple[str, int]]) -> int:
+        return sum(self._trace_file(c, r).is_file() for c, r in work)
+
+    # ---------------------------------------------------------------------------------- the result
+
+    def write_tables(self, runs: list[dict[str, Any]], tokens: list[dict[str, Any]],
+                     cases: list[dict[str, Any]]) -> None:
+        write_table(self.path / self.RUNS, to_table(runs, RUNS_SCHEMA))
+        write_table(self.path / self.TOKENS, to_table(tokens, TOKENS_SCHEMA))
+        write_table(self.path / self.CASES, to_table(cases, CASES_SCHEMA))
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        write_json(self.path / self.META, meta)
+
+    def finish(self) -> None:
+        """The run is complete: its saved traces are no longer needed."""
+        shutil.rmtree(self.partial_dir, ignore_errors=True)
+
+    def load(self) -> RunData:
+        return load_run(self.path)
+
+
 def load_run(path: str | Path) -> RunData:
     """The three tables as DataFrames plus meta.json; a clear UserError if the directory is not a run."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a directory (expected a run directory written by `flakecheck run`)")
-    missing = [name for name in ("meta.json", "runs.parquet", "tokens.parquet", "cases.parquet")
-               if not (path / name).is_file()]
+    names = RunDirectory
+    missing = [name for name in (names.META, names.RUNS, names.TOKENS, names.CASES) if not (path / name).is_file()]
     if missing:
         hint = " (an interrupted run: continue it with `flakecheck run ... --out DIR --resume`)" \
-            if (path / "partial").is_dir() else ""
+            if (path / names.PARTIAL).is_dir() else ""
         raise UserError(f"{path}: not a complete run directory, missing {', '.join(missing)}{hint}")
     try:
-        meta = json.loads((path / "meta.json").read_text())
+        meta = json.loads((path / names.META).read_text())
         tables = {name: read_table(path / f"{name}.parquet") for name in TABLES}
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise UserError(f"{path}: unreadable run directory ({exc})") from exc

@@ -13,7 +13,8 @@ import json
 from collections.abc import Callable
 
 import torch
-from flakecheck.kernels.ops import AttentionBatch, Ops
+from flakecheck.kernels.layout import AttentionLayout
+from flakecheck.kernels.ops import Ops
 from flakecheck.kernels.registry import BACKENDS, POLICIES, get_ops
 
 from flakecheck.errors import UserError
@@ -134,13 +135,9 @@ def _probes(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> d
     return probes
 
 
-def attention_batch(seqs: list[tuple[int, int, int]], device: torch.device) -> AttentionBatch:
-    """AttentionBatch for (slot, n_new_rows, context_len) per sequence, packed in that order."""
-    starts = [0]
-    for _, n, _ in seqs:
-        starts.append(starts[-1] + n)
-    slots, lens = [s for s, _, _ in seqs], [c for _, _, c in seqs]
-    return AttentionBatch(slots, starts, lens, torch.tensor(slots, device=device), torch.tensor(lens, device=device))
+def attention_batch(seqs: list[tuple[int, int, int]], device: torch.device | None = None) -> AttentionLayout:
+    """The layout of (slot, n_new_rows, context_len) per sequence, packed in that order, as one step."""
+    return AttentionLayout.of(seqs)
 
 
 def _attention_probes(device: torch.device, dtype: torch.dtype, gen: torch.Generator) -> dict[str, Probe]:

@@ -60,6 +60,7 @@ REDUCE_COST = 256.0  # MAC-equivalents per fp32 partial element written and read
 SPLIT_SYNC_COST = 4096.0  # MAC-equivalents per extra split: workspace, semaphore, reduction launch
 KV_BLOCK = 64
 MAX_KV_SPLITS = 128
+MAX_ROW_SPLITS = 4
 
 
 def get_profile(name: str | None) -> DeviceProfile:
@@ -122,6 +123,12 @@ def kv_chunk_size(max_context: int, splits: int) -> int:
     """Keys per split: the KV blocks shared out evenly across the splits."""
     n_blocks = math.ceil(max_context / KV_BLOCK)
     return max(1, math.ceil(n_blocks / max(1, splits))) * KV_BLOCK
+
+
+def row_splits(rows: int, sms: int) -> int:
+    """Split-reduction for norms and softmax rows: with too few rows to fill the SMs, each row is
+    reduced by up to 4 programs (8 rows' worth of programs per SM is considered full)."""
+    return max(1, min(MAX_ROW_SPLITS, sms // (8 * max(rows, 1))))
 
 
 def splits_table(sms: int = 132) -> dict[str, dict[int, int]]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 from flakecheck.kernels.ops import Ops
-from flakecheck.kernels.profiles import PROFILES, get_profile
+from flakecheck.kernels.policy import ORDERS, parse_policy
+from flakecheck.kernels.profiles import get_profile
 
-POLICIES = ("native", "splitk", "invariant")
+POLICIES = ORDERS  # the whole-model policies: splitk, invariant, native
 BACKENDS = ("auto", "torch", "triton")
 
 
@@ -20,22 +21,18 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
 
 
 def get_ops(policy: str = "native", backend: str = "auto", profile: str = "h100",
-            device: torch.device | str = "cpu") -> Ops:
-    """The policy's Ops. `native` is always the framework's own kernels (backend torch)."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown kernel policy {policy!r}; choose one of {', '.join(POLICIES)}")
-    if (profile or "h100").lower() not in PROFILES:
-        get_profile(profile)  # raises the ValueError naming the choices
+            device: torch.device | str = "cpu", fast_cpu_matmuls: bool = True) -> Ops:
+    """The Ops of a policy spec (`splitk`, `invariant`, `native` or `matmul=splitk,attention=...`).
+    ValueError naming the choices on a bad policy, backend or profile."""
+    parsed = parse_policy(policy)
+    get_profile(profile)
     resolved = resolve_backend(backend, device)
-    if policy == "native":
-        ops = Ops(profile)
-        ops.backend = "torch"
-        return ops
+    if parsed.name == "native":
+        resolved = "torch"  # the framework's own kernels: nothing of Triton's
     if resolved == "triton":
-        from flakecheck.kernels.triton_ops import InvariantTritonOps, SplitKTritonOps
+        from flakecheck.kernels.triton_backend import TritonBackend
 
-        return (InvariantTritonOps if policy == "invariant" else SplitKTritonOps)(profile)
-    from flakecheck.kernels.invariant import InvariantTorchOps
-    from flakecheck.kernels.splitk import SplitKTorchOps
+        return Ops(parsed, TritonBackend(), profile)
+    from flakecheck.kernels.torch_backend import TorchBackend
 
-    return (InvariantTorchOps if policy == "invariant" else SplitKTorchOps)(profile)
+    return Ops(parsed, TorchBackend(fast_cpu_matmuls), profile)

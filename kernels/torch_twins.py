@@ -51,10 +51,12 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from flakecheck.kernels.ops import AttentionBatch, fp16_pack
+from flakecheck.kernels.layout import AttentionLayout
+from flakecheck.kernels.weights import Fp16Packed, fp16_pack
 
 ROW_BLOCK = 8  # rows of every fixed-order fp32 GEMM are padded to a multiple of this (see above)
 FBGEMM_KERNEL_ROWS = 6  # rows of FBGEMM's widest AVX2 fp16 kernel; its 1- and 2-row kernels differ
@@ -107,20 +109,14 @@ def fbgemm_rows_invariant() -> bool:
         return False
 
 
-def fbgemm_fixed_order_linear(x: torch.Tensor, weight: torch.Tensor,
-                              bias: torch.Tensor | None) -> torch.Tensor | None:
+def fbgemm_fixed_order_linear(x: torch.Tensor, pack: Fp16Packed) -> torch.Tensor:
     """x[M, K] @ weight[N, K].T + bias in x's dtype through FBGEMM's fp16 GEMM, every row computed
-    by a 3- to 6-row kernel over the same K order whatever M is; None where that path is not
-    exact or not proven here (then the caller runs the fp32 GEMM).
+    by a 3- to 6-row kernel over the same K order whatever M is. Only where `fbgemm_rows_invariant()`
+    holds and the weight packed exactly (the caller checks both; else it runs the fp32 GEMM).
 
     The values are those of a bf16 GEMM with fp32 accumulation: the weight is an exact
-    power-of-two-scaled fp16 copy (ops.fp16_pack, shared with native: one copy, 2 bytes a
+    power-of-two-scaled fp16 copy (weights.fp16_pack, shared with native: one copy, 2 bytes a
     parameter), products are exact in fp32, the bias is added in fp32 and the output rounded once."""
-    if x.dtype == torch.float32 or x.device.type != "cpu" or not fbgemm_rows_invariant():
-        return None
-    pack = fp16_pack(weight, bias)
-    if pack is None:
-        return None
     m = x.shape[0]
     rows = fbgemm_rows(m)
     # the 2**-shift is exact (bf16/fp16 have no more range than fp32), fused with the cast; a
@@ -136,12 +132,15 @@ def fbgemm_fixed_order_linear(x: torch.Tensor, weight: torch.Tensor,
 
 def split_k_matmul(x32: torch.Tensor, w32: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
     """fp32 split-K: one partial GEMM per K range, partials summed in split order (as a GPU's
-    split-K reduction over an fp32 workspace does)."""
+    split-K reduction over an fp32 workspace does). Rows are padded to ROW_BLOCK, which makes each
+    row's partials the same whatever M is (measured for 1..300 rows, strided K slices included)."""
+    m = x32.shape[0]
+    xp = pad_rows(x32, ROW_BLOCK)
     lo, hi = bounds[0]
-    acc = F.linear(x32[:, lo:hi], w32[:, lo:hi])
+    acc = F.linear(xp[:, lo:hi], w32[:, lo:hi])
     for lo, hi in bounds[1:]:
-        acc = acc + F.linear(x32[:, lo:hi], w32[:, lo:hi])
-    return acc
+        acc = acc + F.linear(xp[:, lo:hi], w32[:, lo:hi])
+    return acc[:m]
 
 
 def finish_linear(acc: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -182,167 +181,108 @@ def split_row_log_softmax(logits32: torch.Tensor, splits: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
-# Attention: keys cut into chunks of a given size, each chunk reduced on its own (max, sum-exp,
-# P @ V in fp32), chunks combined in index order. `invariant` uses a fixed chunk size; `splitk`
-# takes the chunk size from the split-KV heuristic of the whole batch.
+# Attention: KV splits of a given number of keys (fixed under `invariant`, from the split-KV
+# heuristic of the step under `splitk`), each reduced over whole KEY_BLOCK-key blocks in block
+# order, splits combined in split order. Only the blocks up to the longest context of a call are
+# computed: a block past a row's own length contributes exact zeros (probability 0, weight
+# exp(-inf) = 0), so a row's bits do not depend on what else the call holds.
 
 
-def chunked_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-                      scale: float, chunk_size: int, row_block: int) -> torch.Tensor:
-    """Causal attention of packed q [T, H, D] over the cache, all reductions in fp32.
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Decoding sequences that share a split size, reduced in one batched call."""
 
-    Decode rows (one query per sequence) go in one batched call; each prefill chunk in its own.
-    A query row's work is the same in either: its `group` query heads padded to whole row blocks,
-    the same key chunks, the same mask (keys at or before its own position)."""
-    heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k_cache.shape[2]
-    group = heads // kv_heads
-    out = torch.empty_like(q)
-    decode = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
-    if decode:
-        rows = torch.tensor([batch.query_starts[i] for i in decode]) if len(decode) < batch.num_seqs else None
-        ctx = batch.context_lens_t if rows is None else batch.context_lens_t[decode]
-        slots = batch.slots_t if rows is None else batch.slots_t[decode]
-        qd = q if rows is None else q[rows]
-        keys, values = _gather_kv(k_cache, v_cache, slots, max(batch.context_lens[i] for i in decode), chunk_size)
-        qg = qd.view(len(decode), kv_heads, group, head_dim)
-        limits = ctx[:, None].expand(len(decode), group)
-        o = _chunk_reduce(qg, keys, values, limits, scale, chunk_size, row_block)
-        o = o.reshape(len(decode), heads, head_dim).to(q.dtype)
-        if rows is None:
-            out = o
-        else:
-            out[rows] = o
-    for i in range(batch.num_seqs):
-        n = batch.query_len(i)
-        if n == 1:
-            continue
-        lo, ctx_i = batch.query_starts[i], batch.context_lens[i]
-        keys, values = _gather_kv(k_cache, v_cache, batch.slots_t[i : i + 1], ctx_i, chunk_size)
-        # rows of one KV head: the n query positions times the `group` query heads sharing it
-        qg = q[lo : lo + n].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, n * group, head_dim)
-        limits = torch.arange(ctx_i - n + 1, ctx_i + 1).repeat_interleave(group)[None, :]
-        o = _chunk_reduce(qg, keys, values, limits, scale, chunk_size, row_block)
-        out[lo : lo + n] = o.view(kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, heads, head_dim)
-    return out
+    split_size: int
+    rows: torch.Tensor | None  # their packed query rows (None: every row of the batch)
+    slots: slice | torch.Tensor  # their KV slots: a slice when consecutive (a view, no gather)
+    n: int
+    longest: int
+    bias: torch.Tensor | None
 
 
-def _gather_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, context: int,
-               chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 [B, KVH, chunks, chunk_size, D] keys and values of `slots`, the context rounded up to
-    whole chunks. Positions past the cache are zero; positions past a sequence's own length hold
-    finite values (zeros or an earlier sequence's) and are masked: 0 * finite keeps sums exact."""
-    b, kv_heads, head_dim = slots.shape[0], k_cache.shape[2], k_cache.shape[3]
-    padded = math.ceil(context / chunk_size) * chunk_size
-    take = min(padded, k_cache.shape[1])
-    make = torch.empty if take == padded else torch.zeros
-    result = []
-    for cache in (k_cache, v_cache):
-        buf = make(b, kv_heads, padded, head_dim, dtype=torch.float32)
-        buf[:, :, :take].copy_(cache[slots, :take].transpose(1, 2))
-        result.append(buf.view(b, kv_heads, padded // chunk_size, chunk_size, head_dim))
-    return result[0], result[1]
+@dataclass(frozen=True)
+class Prefill:
+    split_size: int
+    slot: int
+    lo: int  # first packed row
+    n: int
+    context: int
+    bias: torch.Tensor | None
 
 
-def _chunk_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, limits: torch.Tensor,
-                  scale: float, chunk_size: int, row_block: int) -> torch.Tensor:
-    """qg [B, KVH, R, D] attends to keys/values [B, KVH, chunks, C, D]; row r of sequence b sees
-    the first limits[b, r] keys. Every chunk is reduced on its own (one batched matmul over all
-    chunks), then the chunks are combined in index order. Returns [B, KVH, R, D] fp32."""
-    rows = qg.shape[2]
-    qs = pad_rows(qg.float() * scale, row_block, dim=2).unsqueeze(2)  # [B, KVH, 1, Rp, D]
-    limits = pad_rows(limits, row_block, dim=1).clamp(min=1)  # padded rows see one key: no 0/0
-    n_chunks = keys.shape[2]
-    key_pos = torch.arange(n_chunks * chunk_size).view(1, 1, n_chunks, 1, chunk_size)
-    bias = torch.where(key_pos < limits[:, None, None, :, None], 0.0, NEG_INF)  # [B, 1, chunks, Rp, C]
-    scores = torch.matmul(qs, keys.transpose(-1, -2)) + bias  # [B, KVH, chunks, Rp, C]
-    m = scores.amax(-1, keepdim=True)
-    p = torch.exp(scores - torch.nan_to_num(m, neginf=0.0))
-    sums = p.sum(-1, keepdim=True)
-    outs = torch.matmul(p, values)  # [B, KVH, chunks, Rp, D]
-    if n_chunks == 1:  # the general combine below with one chunk: weight exp(0) = 1 exactly
-        return (outs[:, :, 0] / sums[:, :, 0])[:, :, :rows]
-    # Flash-decoding's reduction over splits, in split order, each rescaled to the global max
-    # (chunk 0 is always visible, so the max is finite and a masked chunk weighs exp(-inf) = 0)
-    weights = torch.exp(m - m.amax(2, keepdim=True))
-    total, acc = sums[:, :, 0] * weights[:, :, 0], outs[:, :, 0] * weights[:, :, 0]
-    for c in range(1, n_chunks):
-        total = total + sums[:, :, c] * weights[:, :, c]
-        acc = acc + outs[:, :, c] * weights[:, :, c]
-    return (acc / total)[:, :, :rows]
+@dataclass(frozen=True)
+class SplitAttentionMeta:
+    """What every layer of one forward pass reuses: decode groups, prefills and their masks."""
 
-
-# ----------------------------------------------------------------------------------------------
-# Attention of the invariant policy: fixed-size KV splits, each reduced over whole KEY_BLOCK-key
-# blocks in block order. Only the blocks up to the batch's longest context are computed: a block
-# past a row's own length contributes exact zeros (probability 0, weight exp(-inf) = 0), so a row's
-# bits do not depend on how far the longest sequence of its batch reaches.
-
-
-def fixed_split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
-                          scale: float, split_size: int) -> torch.Tensor:
-    """Causal attention of packed q [T, H, D] over the cache with `split_size` keys a split.
-
-    Decode rows (one query per sequence) go in one batched call; each prefill chunk in its own.
-    A query row's work is the same in either: its `group` query heads padded to whole row blocks,
-    the same key blocks and splits, the same mask (keys at or before its own position)."""
-    heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k_cache.shape[2]
-    group = heads // kv_heads
-    block = math.gcd(KEY_BLOCK, split_size)  # whole blocks a split (a test may use small splits)
-    per_split = split_size // block
-    plan = batch.cached(f"invariant_plan_{block}", lambda: _FixedSplitPlan.build(batch, block, group))
-    if plan.decode is not None:
-        rows, slots, n, longest, bias = plan.decode
-        keys, values = _gather_kv_blocks(k_cache, v_cache, slots, longest, block)
-        qd = q if rows is None else q.index_select(0, rows)
-        o = _block_reduce(qd.view(n, kv_heads, group, head_dim), keys, values, bias, scale, per_split)
-        o = o.reshape(n, heads, head_dim).to(q.dtype)
-        if rows is None:
-            return o
-        out = torch.empty_like(q)
-        out.index_copy_(0, rows, o)
-    else:
-        out = torch.empty_like(q)
-    for slot, lo, n, ctx_i, bias in plan.prefills:
-        keys, values = _gather_kv_blocks(k_cache, v_cache, slice(slot, slot + 1), ctx_i, block)
-        # rows of one KV head: the n query positions times the `group` query heads sharing it
-        qg = q[lo : lo + n].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, n * group, head_dim)
-        o = _block_reduce(qg, keys, values, bias, scale, per_split)
-        out[lo : lo + n] = o.view(kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, heads, head_dim)
-    return out
-
-
-class _FixedSplitPlan:
-    """What every layer of one step reuses: which rows decode, their slots, and the additive masks."""
-
-    def __init__(self, decode: tuple[torch.Tensor | None, slice | torch.Tensor, int, int, torch.Tensor | None] | None,
-                 prefills: list[tuple[int, int, int, int, torch.Tensor | None]]) -> None:
-        self.decode = decode
-        self.prefills = prefills
+    decode: tuple[DecodeGroup, ...]
+    prefills: tuple[Prefill, ...]
 
     @classmethod
-    def build(cls, batch: AttentionBatch, block: int, group: int) -> _FixedSplitPlan:
-        decode_seqs = [i for i in range(batch.num_seqs) if batch.query_len(i) == 1]
-        decode = None
-        if decode_seqs:
-            everyone = len(decode_seqs) == batch.num_seqs
-            rows = None if everyone else torch.tensor([batch.query_starts[i] for i in decode_seqs])
-            slot_list = [batch.slots[i] for i in decode_seqs]
+    def build(cls, layout: AttentionLayout, group: int) -> SplitAttentionMeta:
+        assert layout.kv_splits is not None
+        by_split: dict[int, list[int]] = {}
+        for i in layout.decode:
+            by_split.setdefault(layout.kv_splits[i], []).append(i)
+        decode = []
+        for split_size, seqs in sorted(by_split.items()):
+            block = _key_block(split_size)
+            everyone = len(seqs) == layout.num_seqs
+            rows = None if everyone else torch.tensor([layout.query_starts[i] for i in seqs])
+            slot_list = [layout.slots[i] for i in seqs]
             consecutive = slot_list == list(range(slot_list[0], slot_list[0] + len(slot_list)))
             slots = slice(slot_list[0], slot_list[0] + len(slot_list)) if consecutive else torch.tensor(slot_list)
-            ctx = batch.context_lens_t if everyone else batch.context_lens_t[decode_seqs]
-            longest = max(batch.context_lens[i] for i in decode_seqs)
-            bias = _mask_bias(ctx[:, None].expand(len(decode_seqs), group), longest, block)
-            decode = (rows, slots, len(decode_seqs), longest, bias)
+            ctx = layout.context_lens_t if everyone else layout.context_lens_t[seqs]
+            longest = max(layout.context_lens[i] for i in seqs)
+            bias = _mask_bias(ctx[:, None].expand(len(seqs), group), longest, block)
+            decode.append(DecodeGroup(split_size, rows, slots, len(seqs), longest, bias))
         prefills = []
-        for i in range(batch.num_seqs):
-            n = batch.query_len(i)
-            if n > 1:
-                ctx_i = batch.context_lens[i]
-                limits = torch.arange(ctx_i - n + 1, ctx_i + 1).repeat_interleave(group)[None, :]
-                prefills.append((batch.slots[i], batch.query_starts[i], n, ctx_i, _mask_bias(limits, ctx_i, block)))
-        return cls(decode, prefills)
+        for i in layout.prefill:
+            n, ctx_i, split_size = layout.query_len(i), layout.context_lens[i], layout.kv_splits[i]
+            limits = torch.arange(ctx_i - n + 1, ctx_i + 1).repeat_interleave(group)[None, :]
+            bias = _mask_bias(limits, ctx_i, _key_block(split_size))
+            prefills.append(Prefill(split_size, layout.slots[i], layout.query_starts[i], n, ctx_i, bias))
+        return cls(tuple(decode), tuple(prefills))
+
+
+def _key_block(split_size: int) -> int:
+    return math.gcd(KEY_BLOCK, split_size)  # whole blocks a split (a test may use small splits)
+
+
+def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: SplitAttentionMeta,
+                    scale: float) -> torch.Tensor:
+    """Causal attention of packed q [T, H, D] over the cache, each sequence in splits of its own size.
+
+    Decode rows (one query per sequence) go in one batched call per split size; each prefill chunk
+    in its own. A query row's work is the same in either: its `group` query heads padded to whole
+    row blocks, the same key blocks and splits, the same mask (keys at or before its own position)."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k_cache.shape[2]
+    group = heads // kv_heads
+    out: torch.Tensor | None = None
+    for g in meta.decode:
+        block = _key_block(g.split_size)
+        keys, values = _gather_kv_blocks(k_cache, v_cache, g.slots, g.longest, block)
+        qd = q if g.rows is None else q.index_select(0, g.rows)
+        o = _block_reduce(qd.view(g.n, kv_heads, group, head_dim), keys, values, g.bias, scale,
+                          g.split_size // block)
+        o = o.reshape(g.n, heads, head_dim).to(q.dtype)
+        if g.rows is None:
+            return o
+        if out is None:
+            out = torch.empty_like(q)
+        out.index_copy_(0, g.rows, o)
+    if out is None:
+        out = torch.empty_like(q)
+    for p in meta.prefills:
+        block = _key_block(p.split_size)
+        keys, values = _gather_kv_blocks(k_cache, v_cache, slice(p.slot, p.slot + 1), p.context, block)
+        # rows of one KV head: the n query positions times the `group` query heads sharing it
+        n = p.n
+        qg = q[p.lo : p.lo + n].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, n * group,
+                                                                                          head_dim)
+        o = _block_reduce(qg, keys, values, p.bias, scale, p.split_size // block)
+        out[p.lo : p.lo + n] = o.view(kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, heads, head_dim)
+    return out
 
 
 def _mask_bias(limits: torch.Tensor, longest: int, block: int) -> torch.Tensor | None:

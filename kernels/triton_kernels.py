@@ -136,52 +136,71 @@ def matmul_splitk(x: torch.Tensor, w: torch.Tensor, splits: int, bias: torch.Ten
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, H, eps, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, H, eps, SPLIT_W, BLOCK: tl.constexpr, PARTS: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
+    sq = x * x
+    # PARTS contiguous parts of the row, each reduced on its own, added in order (1: the fixed order)
+    total = tl.sum(tl.where(cols < SPLIT_W, sq, 0.0), axis=0)
+    for s in tl.static_range(1, PARTS):
+        part = (cols >= s * SPLIT_W) & (cols < (s + 1) * SPLIT_W)
+        total += tl.sum(tl.where(part, sq, 0.0), axis=0)
+    inv = 1.0 / tl.sqrt(total / H + eps)
     normed = (x * inv).to(y_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * H + cols, (w * normed).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, splits: int = 0,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm, one program a row; `splits` 0 is the fixed order, S >= 1 reduces a row in S parts."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     y = out if out is not None else torch.empty_like(x2)
-    _rmsnorm_kernel[(x2.shape[0],)](x2, weight.contiguous(), y, shape[-1], eps,
-                                    BLOCK=triton.next_power_of_2(shape[-1]))
+    parts = max(splits, 1)
+    _rmsnorm_kernel[(x2.shape[0],)](x2, weight.contiguous(), y, shape[-1], eps, math.ceil(shape[-1] / parts),
+                                    BLOCK=triton.next_power_of_2(shape[-1]), PARTS=parts)
     return y.view(shape)
 
 
 @triton.jit
-def _log_softmax_kernel(x_ptr, y_ptr, V, BLOCK: tl.constexpr):
+def _log_softmax_kernel(x_ptr, y_ptr, V, SPLIT_W, BLOCK: tl.constexpr, PARTS: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
-    run_max = tl.full((BLOCK,), float("-inf"), tl.float32)
-    run_sum = tl.zeros((BLOCK,), tl.float32)
-    for v0 in range(0, V, BLOCK):  # online max and sum-exp, lane by lane, blocks in order
-        x = tl.load(x_ptr + row * V + v0 + cols, mask=v0 + cols < V, other=float("-inf")).to(tl.float32)
-        new_max = tl.maximum(run_max, x)
-        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp(run_max - safe) + tl.exp(x - safe)
-        run_max = new_max
-    top = tl.max(run_max, axis=0)
-    total = tl.sum(run_sum * tl.exp(run_max - top), axis=0)
+    top = float("-inf")
+    total = 0.0
+    for s in tl.static_range(PARTS):  # the fixed order is one part: the whole row
+        lo = s * SPLIT_W
+        hi = tl.minimum(V, lo + SPLIT_W)
+        run_max = tl.full((BLOCK,), float("-inf"), tl.float32)
+        run_sum = tl.zeros((BLOCK,), tl.float32)
+        for v0 in range(lo, hi, BLOCK):  # online max and sum-exp, lane by lane, blocks in order
+            x = tl.load(x_ptr + row * V + v0 + cols, mask=v0 + cols < hi, other=float("-inf")).to(tl.float32)
+            new_max = tl.maximum(run_max, x)
+            safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+            run_sum = run_sum * tl.exp(run_max - safe) + tl.exp(x - safe)
+            run_max = new_max
+        part_max = tl.max(run_max, axis=0)
+        part_sum = tl.sum(run_sum * tl.exp(run_max - part_max), axis=0)
+        new_top = tl.maximum(top, part_max)  # parts combined in order, each rescaled to the running max
+        total = total * tl.exp(top - new_top) + part_sum * tl.exp(part_max - new_top)
+        top = new_top
     shift = top + tl.log(total)
     for v0 in range(0, V, BLOCK):
         x = tl.load(x_ptr + row * V + v0 + cols, mask=v0 + cols < V, other=0.0).to(tl.float32)
         tl.store(y_ptr + row * V + v0 + cols, x - shift, mask=v0 + cols < V)
 
 
-def log_softmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def log_softmax(logits: torch.Tensor, splits: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 log-softmax, one program a row; `splits` 0 is the fixed order, S >= 1 reduces in S parts."""
     shape = logits.shape
     x2 = logits.reshape(-1, shape[-1]).contiguous()
     y = out if out is not None else torch.empty(x2.shape, dtype=torch.float32, device=x2.device)
     block = min(1024, triton.next_power_of_2(shape[-1]))
-    _log_softmax_kernel[(x2.shape[0],)](x2, y, shape[-1], BLOCK=block)
+    parts = max(splits, 1)
+    _log_softmax_kernel[(x2.shape[0],)](x2, y, shape[-1], math.ceil(shape[-1] / parts), BLOCK=block, PARTS=parts)
     return y.view(shape)
 
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from flakecheck.analysis import Thresholds, analyse, first_divergence, risk_score
 from flakecheck.checks import parse_check
-from flakecheck.replay import Trace
 from flakecheck.suite import Case
+from flakecheck.traces import Trace
 
 tokens = st.lists(st.integers(0, 5), max_size=12)
 

@@ -44,14 +44,14 @@ def _hf_greedy(model_dir: Path, prompt: list[int], steps: int) -> list[int]:
 def _engine_step_logprobs(engine: LLMEngine, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
     """The engine's generated tokens, and the full log-softmax it sampled each of them from."""
     captured: list[torch.Tensor] = []
-    run = engine.runner.run
+    forward = engine.runner.forward
 
-    def recording_run(scheduled):  # type: ignore[no-untyped-def]
-        logprobs, sampling = run(scheduled)
+    def recording_forward(steps):  # type: ignore[no-untyped-def]
+        logits, logprobs = forward(steps)
         captured.append(logprobs.clone())
-        return logprobs, sampling
+        return logits, logprobs
 
-    engine.runner.run = recording_run  # type: ignore[method-assign]
+    engine.runner.forward = recording_forward  # type: ignore[method-assign]
     completion = engine.generate([Request(0, prompt, SamplingParams(max_tokens=steps, ignore_eos=True))])[0]
     return completion.token_ids, torch.cat(captured)
 
@@ -129,7 +129,7 @@ def test_native_bf16_linear_is_a_bf16_gemm_with_fp32_accumulation(rows: int, wei
     """Whatever CPU kernel native picks for bf16 (FBGEMM fp16 on scaled copies, fp32 MKL, ATen's
     bf16), the result is the exact product sum rounded once to bf16, give or take fp32 summation
     order: at most one bf16 ulp from the correctly rounded value, and nearly always equal to it."""
-    from flakecheck.kernels import Ops
+    from flakecheck.kernels import get_ops
 
     gen = torch.Generator().manual_seed(rows)
     weight = (torch.randn(96, 80, generator=gen) * weight_scale).to(torch.bfloat16)
@@ -139,7 +139,7 @@ def test_native_bf16_linear_is_a_bf16_gemm_with_fp32_accumulation(rows: int, wei
     exact = x.double() @ weight.double().T + bias.double()
     rounded = exact.float().to(torch.bfloat16)
     for fast in (True, False):
-        out = Ops(fast_cpu_matmuls=fast).linear(x, weight, bias)
+        out = get_ops("native", fast_cpu_matmuls=fast).linear(x, weight, bias)
         assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
         ulp = (rounded.double().abs() * 2.0**-7).clamp(min=1e-30)
         assert ((out.double() - rounded.double()).abs() <= ulp).all()

@@ -91,26 +91,23 @@ def _attention_inputs(dtype: torch.dtype):
     return q, k, v
 
 
-def _run(ops_cls, qkv, seqs, split_size=None):
-    from flakecheck.kernels.check import attention_batch
+def _run(backend: str, qkv, seqs, split_size: int = 32):
+    """Attention of `seqs` with `split_size` keys a split (several splits on a small cache)."""
+    from flakecheck.kernels import AttentionLayout, get_ops
 
     q_all, k, v = qkv
     q = torch.cat([q_all[s, c - n : c] for s, n, c in seqs])
-    batch = attention_batch(seqs, DEVICE)
-    out = ops_cls().attention(q, k, v, batch, 0.25)
-    return [out[batch.query_starts[i] : batch.query_starts[i + 1]] for i in range(len(seqs))]
+    layout = AttentionLayout.of(seqs, [split_size] * len(seqs))
+    out = get_ops("invariant", backend, device=q.device).attention(q, k, v, layout, 0.25)
+    return [out[layout.query_starts[i] : layout.query_starts[i + 1]] for i in range(len(seqs))]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-def test_attention_agrees_with_torch_twin_and_float64(dtype: torch.dtype, monkeypatch) -> None:
-    from flakecheck.kernels import invariant, triton_ops
-
-    monkeypatch.setattr(triton_ops, "KV_SPLIT_SIZE", 32)  # several splits on a small cache
-    monkeypatch.setattr(invariant, "KV_SPLIT_SIZE", 32)
+def test_attention_agrees_with_torch_twin_and_float64(dtype: torch.dtype) -> None:
     qkv = _attention_inputs(dtype)
     seqs = [(0, 1, 70), (1, 5, 40), (2, 1, 3)]
-    tri = _run(triton_ops.InvariantTritonOps, qkv, seqs)
-    twin = _run(invariant.InvariantTorchOps, qkv, seqs)
+    tri = _run("triton", qkv, seqs)
+    twin = _run("torch", tuple(t.cpu() for t in qkv), seqs)
     q_all, k, v = qkv
     for (slot, n, ctx), a, b in zip(seqs, tri, twin):
         qd = q_all[slot, ctx - n : ctx].double().transpose(0, 1)
@@ -122,14 +119,14 @@ def test_attention_agrees_with_torch_twin_and_float64(dtype: torch.dtype, monkey
         assert _rel_err(a, ref) <= TOLERANCE[dtype]
         assert _rel_err(a, b.double()) <= TOLERANCE[dtype]
     # invariance: the first sequence alone, and its decode row against its prefill row
-    assert torch.equal(_run(triton_ops.InvariantTritonOps, qkv, [seqs[0]])[0], tri[0])
-    prefill = _run(triton_ops.InvariantTritonOps, qkv, [(0, 70, 70)])[0]
+    assert torch.equal(_run("triton", qkv, [seqs[0]])[0], tri[0])
+    prefill = _run("triton", qkv, [(0, 70, 70)])[0]
     assert torch.equal(prefill[-1:], tri[0])
 
 
 def test_linear_agrees_with_torch_twin(tk) -> None:
-    from flakecheck.kernels.invariant import InvariantTorchOps
+    from flakecheck.kernels import get_ops
 
     x, w = _rand(9, 128, dtype=torch.float32, seed=12), _rand(64, 128, dtype=torch.float32, seed=13)
-    twin = InvariantTorchOps().linear(x.cpu(), w.cpu())
+    twin = get_ops("invariant", "torch").linear(x.cpu(), w.cpu())
     assert _rel_err(tk.matmul_persistent(x, w), twin.double()) <= 1e-5

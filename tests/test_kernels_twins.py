@@ -9,6 +9,7 @@ import pytest
 import torch
 from flakecheck.kernels import get_ops
 from flakecheck.kernels.check import attention_batch
+from flakecheck.kernels.profiles import matmul_splits
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -120,16 +121,24 @@ def test_invariant_attention_chunked_prefill_and_prefix_cache_equal_one_prefill(
 # splitk: the negative control
 
 
-def test_splitk_linear_varies_with_batch_size_and_repeats_exactly() -> None:
-    varied = []
+def test_splitk_linear_changes_rows_exactly_where_the_batch_changes_the_split_count() -> None:
+    """Decode alone (M=1) vs in batches of 8: a projection whose split count differs between the two
+    gives other bits for some rows; one whose split count is the same gives the same bits for every
+    row (the primitive itself is row-invariant: only the plan moves a row)."""
+    varied, same_plan = [], []
     for name, (k, n) in SHAPES.items():
         w = _rand(n, k, dtype=torch.bfloat16, seed=9, scale=k**-0.5)
         x = _rand(64, k, dtype=torch.bfloat16, seed=10)
-        assert torch.equal(splitk.linear(x[:8], w), splitk.linear(x[:8], w)), "same composition, same bits"
-        alone = torch.cat([splitk.linear(x[i : i + 1], w) for i in range(8)])
-        if not torch.equal(alone, splitk.linear(x[:8], w)):
+        batched = torch.cat([splitk.linear(x[i : i + 8], w) for i in range(0, 64, 8)])
+        assert torch.equal(batched, torch.cat([splitk.linear(x[i : i + 8], w) for i in range(0, 64, 8)]))
+        alone = torch.cat([splitk.linear(x[i : i + 1], w) for i in range(64)])
+        if matmul_splits(1, n, k, 132) == matmul_splits(8, n, k, 132):
+            same_plan.append(name)
+            assert torch.equal(alone, batched), name
+        elif not torch.equal(alone, batched):
             varied.append(name)
-    assert len(varied) >= 3, f"split-K should change rows between batch 1 and 8; varied only on {varied}"
+    # rounding to bf16 hides most fp32 differences (~1e-4 of outputs), so not every changed plan shows
+    assert same_plan and len(varied) >= 2, f"varied on {varied}; same split count on {same_plan}"
 
 
 def test_splitk_attention_varies_with_batch_composition_and_repeats_exactly(kv) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from flakecheck.compositions import Composition, parse_composition_spec
+from flakecheck.config import RunConfig
 from flakecheck.errors import UserError
 from flakecheck.reports.command import report_command
 from flakecheck.reports.facts import gather, invariant_rerun, next_command
@@ -111,15 +113,18 @@ def test_next_command_follows_policy_and_divergence(splitk_report_run, tight_inv
 
 
 def test_invariant_rerun_replaces_kernels_and_drops_the_run_directory(splitk_report_run) -> None:
-    facts = dataclasses.replace(
-        gather(splitk_report_run),
-        command="/venv/bin/flakecheck run 'my suite.jsonl' --kernels splitk --out reports/x --resume --limit 3",
-    )
+    recorded = RunConfig(Path("my suite.jsonl"), kernels="splitk", out=Path("reports/x"), limit=3,
+                         compositions=(Composition("solo"), Composition("b4", max_batch=4, chunk=16)))
+    facts = gather(splitk_report_run)
+    facts = dataclasses.replace(facts, meta={**facts.meta, "config": recorded.to_dict()})
     argv = shlex.split(invariant_rerun(facts))
     assert argv[:3] == ["flakecheck", "run", "my suite.jsonl"]
     assert argv.count("--kernels") == 1 and argv[argv.index("--kernels") + 1] == "invariant"
-    assert "--out" not in argv and "--resume" not in argv and argv[-3:-2] != ["--limit"]
+    assert "--out" not in argv and "--resume" not in argv
     assert "--limit" in argv and argv[argv.index("--limit") + 1] == "3"
+    # every other setting survives: the command parses back to the same run with fixed-order kernels
+    specs = [argv[i + 1] for i, a in enumerate(argv) if a == "--composition"]
+    assert tuple(parse_composition_spec(s) for s in specs) == recorded.compositions
 
 
 @pytest.mark.parametrize("text", ["<script>alert(1)</script>", "a | b", "`x` *y* [z](u)", "line\nbreak"])

@@ -19,12 +19,11 @@ from collections.abc import Callable
 import torch
 
 from flakecheck.engine.kv_cache import KVCache
+from flakecheck.engine.llm_engine import build_model
 from flakecheck.engine.loader import LoadedModel, load_model
-from flakecheck.engine.model_runner import pack
-from flakecheck.engine.models import MODEL_CLASSES
+from flakecheck.engine.model_runner import ModelRunner
 from flakecheck.engine.sequence import SamplingParams, Sequence
-from flakecheck.kernels import AttentionBatch, Ops, get_ops
-from flakecheck.kernels.ops import fp32_copy
+from flakecheck.kernels import AttentionLayout, Ops, get_ops
 
 POLICIES = ("native", "invariant", "splitk")
 CONTEXT = 128
@@ -35,8 +34,8 @@ def main(json_out: bool = False, quick: bool = False) -> None:
     torch.manual_seed(0)
     loaded = load_model("smollm2", "bfloat16")
     ops = {policy: get_ops(policy, "torch", "h100", "cpu") for policy in POLICIES}
-    models = {policy: _model(loaded, o) for policy, o in ops.items()}
-    fp32_bytes = _warm_fp32_copies(models["invariant"])
+    models = {policy: build_model(loaded, o) for policy, o in ops.items()}
+    fp32_bytes = _fp32_copy_bytes(models["splitk"])
     results: dict[str, dict[str, dict[str, float]]] = {}
     for batch in batch_sizes:
         cases = _op_cases(loaded, batch)
@@ -67,17 +66,12 @@ def main(json_out: bool = False, quick: bool = False) -> None:
     print(json.dumps(summary))
 
 
-def _model(loaded: LoadedModel, ops: Ops):
-    config = loaded.config
-    return MODEL_CLASSES[config.architecture](config, loaded.weights, ops, config.max_position_embeddings)
-
-
-def _warm_fp32_copies(model) -> int:
-    """Make the fp32 weight copies the twins use before timing; return their size in bytes."""
-    weights = [model.lm_head.weight]
+def _fp32_copy_bytes(model) -> int:
+    """The size of the fp32 weight copies a policy's model made when it was built."""
+    linears = [model.lm_head.proj]
     for layer in model.layers:
-        weights += [layer.attn.qkv.weight, layer.attn.o_proj.weight, layer.gate_up.weight, layer.down.weight]
-    return sum(fp32_copy(w).numel() * 4 for w in weights)
+        linears += [layer.attn.qkv, layer.attn.o_proj, layer.gate_up, layer.down]
+    return sum(lin.weights.w32.numel() * 4 for lin in linears if lin.weights.w32 is not None)
 
 
 def _op_cases(loaded: LoadedModel, batch: int) -> dict[str, Callable[[Ops], Callable[[], object]]]:
@@ -95,7 +89,12 @@ def _op_cases(loaded: LoadedModel, batch: int) -> dict[str, Callable[[Ops], Call
         k = c.intermediate_size if name == "down" else (c.num_heads * c.head_dim if name == "o_proj" else c.hidden_size)
         x = torch.randn(batch, k, dtype=dtype)
         w = torch.randn(n, k, dtype=dtype) * k**-0.5
-        cases[name] = lambda o, x=x, w=w: (lambda: o.linear(x, w))
+
+        def linear_case(o: Ops, x: torch.Tensor = x, w: torch.Tensor = w) -> Callable[[], object]:
+            prepared = o.prepare_linear(w)  # what the model makes once, when it is built
+            return lambda: o.linear(x, prepared)
+
+        cases[name] = linear_case
     hidden = torch.randn(batch, c.hidden_size, dtype=dtype)
     norm_w = loaded.weights[f"{layer}input_layernorm.weight"]
     cases["rmsnorm"] = lambda o: (lambda: o.rmsnorm(hidden, norm_w, c.rms_norm_eps))
@@ -109,10 +108,8 @@ def _op_cases(loaded: LoadedModel, batch: int) -> dict[str, Callable[[Ops], Call
     return cases
 
 
-def _decode_attention_batch(batch: int) -> AttentionBatch:
-    slots = list(range(batch))
-    lens = [CONTEXT] * batch
-    return AttentionBatch(slots, list(range(batch + 1)), lens, torch.tensor(slots), torch.tensor(lens))
+def _decode_attention_batch(batch: int) -> AttentionLayout:
+    return AttentionLayout.of([(slot, 1, CONTEXT) for slot in range(batch)])
 
 
 def _decode_step(model, loaded: LoadedModel, batch: int) -> Callable[[], object]:
@@ -127,13 +124,10 @@ def _decode_step(model, loaded: LoadedModel, batch: int) -> Callable[[], object]
         seq = Sequence(slot, [int(t) for t in torch.randint(0, c.vocab_size, (CONTEXT,))], SamplingParams())
         seq.slot, seq.num_computed = slot, CONTEXT - 1
         seqs.append((seq, 1))
-    fb, _ = pack(seqs, cache)
+    runner = ModelRunner(model, cache)
+    step = runner.plan(seqs)  # the engine's own planning and packing, timed with the forward pass
 
-    def step() -> torch.Tensor:
-        with torch.inference_mode():
-            return model.forward(fb, cache)
-
-    return step
+    return lambda: runner.forward([step])
 
 
 def _interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:

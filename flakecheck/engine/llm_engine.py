@@ -3,54 +3,47 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from flakecheck.engine.engine_core import EngineCore, EngineStats, Request
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.loader import LoadedModel
 from flakecheck.engine.model_runner import ModelRunner
-from flakecheck.engine.models import MODEL_CLASSES
+from flakecheck.engine.models import MODEL_CLASSES, LlamaForCausalLM
 from flakecheck.engine.prefix_cache import PrefixCache
-from flakecheck.engine.sampler import greedy_top2
-from flakecheck.engine.scheduler import Scheduler
-from flakecheck.engine.sequence import Completion, SamplingParams, Sequence
+from flakecheck.engine.sequence import Completion
 from flakecheck.kernels import Ops, get_ops
 
-
-@dataclass(frozen=True)
-class Request:
-    request_id: Any
-    prompt_ids: list[int]
-    params: SamplingParams = SamplingParams()
-    arrival: int = 0  # engine step at which the request may first be scheduled
+__all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt"]
 
 
-@dataclass
-class EngineStats:
-    steps: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefix_hit_tokens: int = 0
+def build_model(model: LoadedModel, ops: Ops) -> LlamaForCausalLM:
+    """The model's layers over the loaded weights, with what `ops`' policy derives from them."""
+    config = model.config
+    return MODEL_CLASSES[config.architecture](config, model.weights, ops, config.max_context)
 
 
 class LLMEngine:
+    """One engine core (scheduler, sequences, KV slots, prefix cache) and the model runner it steps."""
+
     def __init__(self, model: LoadedModel, ops: Ops | None = None, max_num_seqs: int = 1,
-                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False) -> None:
-        self.loaded, self.ops = model, ops or get_ops("native")
+                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
+                 network: LlamaForCausalLM | None = None) -> None:
+        self.loaded = model
+        self.model = network if network is not None else build_model(model, ops or get_ops("native"))
+        self.ops = self.model.ops
         config = model.config
-        model_cls = MODEL_CLASSES[config.architecture]
-        self.model = model_cls(config, model.weights, self.ops, config.max_context)
-        self.max_num_seqs = max_num_seqs
         self.cache = KVCache(config.num_layers, max_num_seqs, config.num_kv_heads, config.head_dim, model.dtype)
         self.runner = ModelRunner(self.model, self.cache)
-        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
         self.eos_token_ids = model.eos_token_ids
+        self.core: EngineCore | None = None
         self.reconfigure(max_num_seqs, max_num_batched_tokens, enable_prefix_caching)
-        self._warm_up()
+        if network is None:
+            self._warm_up()
 
     def _warm_up(self) -> None:
-        """One tiny forward at load time, so that what a policy derives from the weights on first
-        use (e.g. fp32 copies for its GEMMs) is not paid by the first request."""
+        """One tiny forward at load time: first-use costs (allocator, thread pools) are not paid by
+        the first request."""
         self.runner.prompt_logprobs([0, 0])
 
     def reconfigure(self, max_num_seqs: int, max_num_batched_tokens: int | None = None,
@@ -62,77 +55,39 @@ class LLMEngine:
             c = self.loaded.config
             self.cache = KVCache(c.num_layers, max_num_seqs, c.num_kv_heads, c.head_dim, self.loaded.dtype)
             self.runner = ModelRunner(self.model, self.cache)
-        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, on_admit=self._admit)
-        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
-        self.clock = 0
-        self.stats = EngineStats()
+        config = self.loaded.config
+        self.core = EngineCore(self.cache, self.eos_token_ids, config.max_context, max_num_seqs,
+                               max_num_batched_tokens, PrefixCache() if enable_prefix_caching else None)
+
+    @property
+    def stats(self) -> EngineStats:
+        assert self.core is not None
+        return self.core.stats
+
+    @property
+    def clock(self) -> int:
+        assert self.core is not None
+        return self.core.clock
 
     def has_unfinished(self) -> bool:
-        return hasattr(self, "scheduler") and self.scheduler.has_unfinished()
+        return self.core is not None and self.core.has_unfinished()
 
     def add_request(self, request: Request) -> None:
+        assert self.core is not None
         config = self.loaded.config
-        seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival)
-        if seq.max_length > config.max_context:
-            what = "sliding window" if config.max_context != config.max_position_embeddings else "context"
-            raise ValueError(
-                f"request {request.request_id!r}: {seq.num_prompt} prompt + {request.params.max_tokens} new "
-                f"tokens exceed the model's {what} of {config.max_context}"
-            )
-        self.scheduler.add(seq)
-
-    def _admit(self, seq: Sequence) -> None:
-        seq.slot = self.cache.allocate()
-        self.cache.ensure_length(seq.max_length)
-        self.stats.prompt_tokens += seq.num_prompt
-        if self.prefix_cache is not None:
-            blocks = self.prefix_cache.lookup(seq.prompt_ids)
-            for i, block in enumerate(blocks):
-                self.cache.load(seq.slot, i * self.prefix_cache.block_size, block)
-            seq.num_computed = seq.cached_prompt_tokens = len(blocks) * self.prefix_cache.block_size
-            self.stats.prefix_hit_tokens += seq.cached_prompt_tokens
-
-    def _remember_prefix(self, seq: Sequence) -> None:
-        size = self.prefix_cache.block_size
-        for index, key in self.prefix_cache.missing(seq.prompt_ids):
-            self.prefix_cache.insert(key, self.cache.read(seq.slot, index * size, (index + 1) * size))
+        windowed = config.max_context != config.max_position_embeddings
+        self.core.eos_token_ids = self.eos_token_ids
+        self.core.add_request(request, "sliding window" if windowed else "context")
 
     def step(self) -> list[Completion]:
         """Run one forward pass over every scheduled sequence; return the ones that finished."""
-        scheduled = self.scheduler.schedule(self.clock)
+        assert self.core is not None
+        self.core.eos_token_ids = self.eos_token_ids
+        scheduled = self.core.propose()
         if not scheduled:
-            arrival = self.scheduler.next_arrival()
-            if arrival is None:
-                return []
-            self.clock = max(self.clock, arrival)  # nothing running: skip ahead to the next arrival
-            scheduled = self.scheduler.schedule(self.clock)
-        logprobs, sampling = self.runner.run(scheduled)
-        self.clock += 1
-        self.stats.steps += 1
-        for seq, n in scheduled:
-            was_prefilling = seq.num_computed < seq.num_prompt
-            seq.num_computed += n
-            if was_prefilling and seq.num_computed >= seq.num_prompt and self.prefix_cache is not None:
-                self._remember_prefix(seq)
-        finished = []
-        ids, values = greedy_top2(logprobs)
-        for seq, (top1, top2), (lp1, lp2) in zip(sampling, ids, values):
-            seq.token_ids.append(top1)
-            seq.top1_ids.append(top1)
-            seq.top1_logprobs.append(lp1)
-            seq.top2_ids.append(top2)
-            seq.top2_logprobs.append(lp2)
-            self.stats.generated_tokens += 1
-            if top1 in self.eos_token_ids and not seq.params.ignore_eos:
-                seq.finish_reason = "stop"
-            elif seq.num_generated >= seq.params.max_tokens:
-                seq.finish_reason = "length"
-            else:
-                continue
-            self.scheduler.finish(seq)
-            self.cache.release(seq.slot)
-            finished.append(seq.completion())
-        return finished
+            return []
+        step = self.runner.plan(scheduled)
+        return self.core.commit(scheduled, self.runner.run([step])[0])
 
     def generate(self, requests: Iterable[Request],
                  on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
@@ -142,7 +97,7 @@ class LLMEngine:
             self.add_request(request)
             order.append(request.request_id)
         done: dict[Any, Completion] = {}
-        while self.scheduler.has_unfinished():
+        while self.has_unfinished():
             for completion in self.step():
                 done[completion.request_id] = completion
                 if on_finish is not None:

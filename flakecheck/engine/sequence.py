@@ -32,6 +32,7 @@ class Completion:
     top2_logprobs: list[float]
     finish_reason: str  # "stop" (EOS) or "length" (max_tokens)
     cached_prompt_tokens: int = 0
+    top1_logits: list[float] = field(default_factory=list)  # the chosen token's raw logit (model dtype)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Sequence:
     top1_logprobs: list[float] = field(default_factory=list)
     top2_ids: list[int] = field(default_factory=list)
     top2_logprobs: list[float] = field(default_factory=list)
+    top1_logits: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -84,4 +86,5 @@ class Sequence:
             self.top2_logprobs,
             self.finish_reason or "length",
             self.cached_prompt_tokens,
+            self.top1_logits,
         )

@@ -144,28 +144,13 @@ def next_command(facts: RunFacts) -> tuple[str, str]:
 
 
 def invariant_rerun(facts: RunFacts) -> str:
-    """The recorded command with --kernels invariant, minus the options that would reuse this run dir."""
-    try:
-        argv = shlex.split(facts.command) if facts.command else []
-    except ValueError:
-        argv = []
-    if len(argv) < 3 or "run" not in argv:
-        argv = ["flakecheck", "run", str(facts.meta.get("suite", "SUITE")), "--model", facts.model]
-    if Path(argv[0]).name == "flakecheck":
-        argv[0] = "flakecheck"
-    out: list[str] = []
-    skip_value = False
-    for arg in argv:
-        if skip_value:
-            skip_value = False
-            continue
-        if arg in ("--kernels", "--out"):
-            skip_value = True
-            continue
-        if arg.startswith(("--kernels=", "--out=")) or arg in ("--resume", "--quiet"):
-            continue
-        out.append(arg)
-    return shlex.join([*out, "--kernels", "invariant"])
+    """The run's own settings with fixed-order kernels, into a new run directory."""
+    from flakecheck.config import RunConfig
+
+    recorded = facts.meta.get("config")
+    if isinstance(recorded, dict):
+        return RunConfig.from_dict(recorded).fixed_order_command()
+    return shlex.join(["flakecheck", "run", str(facts.meta.get("suite", "SUITE")), "--kernels", "invariant"])
 
 
 def prompt_text(case_input: Any) -> str:

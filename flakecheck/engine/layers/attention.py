@@ -25,7 +25,8 @@ class Attention:
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, cache: KVCache,
                  rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         tokens = x.shape[0]
-        qkv = self.qkv(x)
+        layout = batch.layout
+        qkv = self.qkv(x, layout)
         q_width, kv_width = self.q_width, self.kv_width
         v = qkv[:, q_width + kv_width :].view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is None or self.k_norm is None:
@@ -34,9 +35,12 @@ class Attention:
             qk = RotaryEmbedding.apply(qk, rope)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         else:
-            q = self.q_norm(qkv[:, :q_width].reshape(tokens, self.num_heads, self.head_dim))
-            k = self.k_norm(qkv[:, q_width : q_width + kv_width].reshape(tokens, self.num_kv_heads, self.head_dim))
+            q_groups = layout.norm(self.num_heads) if layout is not None else None
+            k_groups = layout.norm(self.num_kv_heads) if layout is not None else None
+            q = self.q_norm(qkv[:, :q_width].reshape(tokens, self.num_heads, self.head_dim), q_groups)
+            k = self.k_norm(qkv[:, q_width : q_width + kv_width].reshape(tokens, self.num_kv_heads, self.head_dim),
+                            k_groups)
             q, k = RotaryEmbedding.apply(q, rope), RotaryEmbedding.apply(k, rope)
         cache.write(self.layer, batch.cache_rows, k, v)
         out = self.ops.attention(q, cache.k[self.layer], cache.v[self.layer], batch.attention, self.scale)
-        return self.o_proj(out.reshape(tokens, q_width))
+        return self.o_proj(out.reshape(tokens, q_width), layout)

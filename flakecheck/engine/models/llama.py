@@ -13,7 +13,7 @@ from flakecheck.engine.layers.embedding import Embedding, LMHead
 from flakecheck.engine.layers.linear import Linear
 from flakecheck.engine.layers.rmsnorm import RMSNorm
 from flakecheck.engine.layers.rotary import RotaryEmbedding
-from flakecheck.kernels import Ops
+from flakecheck.kernels import ModelDims, Ops
 
 
 class DecoderLayer:
@@ -24,8 +24,10 @@ class DecoderLayer:
 
     def __call__(self, hidden: torch.Tensor, batch: ForwardBatch, cache: KVCache,
                  rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        hidden = hidden + self.attn(self.input_norm(hidden), batch, cache, rope)
-        return hidden + self.down(silu_and_mul(self.gate_up(self.post_norm(hidden))))
+        layout = batch.layout
+        norm = layout.norm(1) if layout is not None else None
+        hidden = hidden + self.attn(self.input_norm(hidden, norm), batch, cache, rope)
+        return hidden + self.down(silu_and_mul(self.gate_up(self.post_norm(hidden, norm), layout)), layout)
 
 
 class LlamaForCausalLM:
@@ -38,6 +40,16 @@ class LlamaForCausalLM:
         self.norm = RMSNorm(ops, weights["model.norm.weight"], config.rms_norm_eps)
         head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
         self.lm_head = LMHead(ops, head)
+        first = self.layers[0]
+        rows_per_token = (1, config.num_heads, config.num_kv_heads) if config.qk_norm else (1,)
+        self.dims = ModelDims(
+            projections=tuple(dict.fromkeys(p.shape for p in (first.attn.qkv, first.attn.o_proj, first.gate_up,
+                                                               first.down))),
+            lm_head=self.lm_head.proj.shape,
+            kv_heads=config.num_kv_heads,
+            norm_rows_per_token=tuple(dict.fromkeys(rows_per_token)),
+        )
+        self.group = config.num_heads // config.num_kv_heads  # query heads per KV head
 
     def _layer(self, i: int, w: dict[str, torch.Tensor]) -> DecoderLayer:
         c, ops, p = self.config, self.ops, f"model.layers.{i}."
@@ -62,12 +74,16 @@ class LlamaForCausalLM:
             RMSNorm(ops, w[f"{p}post_attention_layernorm.weight"], c.rms_norm_eps),
         )
 
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        """Log-probabilities [rows, vocab] (fp32) at every sampling row of the batch."""
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (model dtype) and log-probabilities (fp32) [rows, vocab] at every sampling row."""
         hidden = self.embed(batch.token_ids)
         rope = self.rotary.tables(batch.positions)  # looked up once for all layers
         for layer in self.layers:
             hidden = layer(hidden, batch, cache, rope)
         if batch.sample_rows is not None:  # the final norm and lm_head only where a token is sampled
             hidden = hidden[batch.sample_rows]
-        return self.lm_head(self.norm(hidden))
+        if hidden.shape[0] == 0:  # a step of prompt chunks that sample nothing
+            empty = hidden.new_empty((0, self.config.vocab_size))
+            return empty, empty.float()
+        layout = batch.layout
+        return self.lm_head(self.norm(hidden, layout.final() if layout is not None else None), layout)

@@ -1,0 +1,165 @@
+"""The settings of one `flakecheck run`, typed, frozen and validated once.
+
+A RunConfig is built from the command line or the Python API, checked in one place, and from then
+on is the only description of the run: it yields the trace fingerprint that `--resume` compares,
+the `config` block of meta.json, and the command lines the reports print (resume, the fixed-order
+rerun) — regenerated from fields, never edited as strings.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
+from flakecheck.errors import UserError
+
+DEFAULT_MODEL = "smollm2"
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+REPLAY_MODES = ("auto", "simulated", "physical")
+INPUT_FORMATS = ("auto", "chat", "raw")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    suite: Path
+    model: str = DEFAULT_MODEL
+    dtype: str = "bfloat16"
+    kernels: str = "splitk"
+    backend: str = "auto"
+    profile: str = "h100"
+    compositions: tuple[Composition, ...] = DEFAULT_COMPOSITIONS
+    max_tokens: int = 64
+    gap_threshold: float = 0.05
+    gap_window: int = 50
+    repeat: int = 1
+    limit: int | None = None
+    ids: tuple[str, ...] = ()
+    replay: str = "auto"
+    out: Path | None = None
+    html: bool = True
+    input_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "suite", Path(self.suite))
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "compositions", tuple(order_compositions(list(self.compositions))))
+        object.__setattr__(self, "ids", tuple(str(i).strip() for i in self.ids if str(i).strip()))
+        for name, low in (("max_tokens", 1), ("gap_window", 1), ("repeat", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UserError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 1):
+            raise UserError(f"--limit must be an integer >= 1, got {self.limit!r}")
+        if not (isinstance(self.gap_threshold, (int, float)) and self.gap_threshold > 0):
+            raise UserError(f"--gap-threshold must be > 0, got {self.gap_threshold!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise UserError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+        if self.input_format not in INPUT_FORMATS:
+            raise UserError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
+        if self.replay not in REPLAY_MODES:
+            raise UserError(f"--replay must be one of {', '.join(REPLAY_MODES)}, got {self.replay!r}")
+        from flakecheck.kernels.policy import parse_policy
+        from flakecheck.kernels.profiles import PROFILES
+        from flakecheck.kernels.registry import BACKENDS
+
+        try:
+            parse_policy(self.kernels)
+        except ValueError as exc:
+            raise UserError(f"--kernels: {exc}") from None
+        if self.backend not in BACKENDS:
+            raise UserError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.profile.lower() not in PROFILES:
+            raise UserError(f"unknown device profile {self.profile!r}; choose one of {', '.join(PROFILES)}")
+
+    def with_changes(self, **changes: Any) -> RunConfig:
+        return replace(self, **changes)
+
+    # ------------------------------------------------------------------------------------ the command
+
+    def argv(self) -> list[str]:
+        """`flakecheck run ...` that makes this run again: every setting that differs from its default."""
+        args = ["flakecheck", "run", str(self.suite)]
+        defaults = RunConfig(self.suite)
+        for name, flag in (("model", "--model"), ("dtype", "--dtype"), ("kernels", "--kernels"),
+                           ("backend", "--backend"), ("profile", "--profile"), ("max_tokens", "--max-tokens"),
+                           ("gap_threshold", "--gap-threshold"), ("gap_window", "--gap-window"),
+                           ("repeat", "--repeat"), ("limit", "--limit"), ("replay", "--replay"),
+                           ("input_format", "--input-format")):
+            value = getattr(self, name)
+            if value != getattr(defaults, name):
+                args += [flag, str(value)]
+        if self.compositions != defaults.compositions:
+            for composition in self.compositions:
+                args += ["--composition", composition.to_spec()]
+        if self.ids:
+            args += ["--ids", ",".join(self.ids)]
+        if self.out is not None:
+            args += ["--out", str(self.out)]
+        if not self.html:
+            args.append("--no-html")
+        return args
+
+    def command(self) -> str:
+        return shlex.join(self.argv())
+
+    def resume_command(self, out: Path) -> str:
+        return shlex.join([*self.with_changes(out=out).argv(), "--resume"])
+
+    def fixed_order_command(self) -> str:
+        """The same run with fixed-order kernels everywhere, into a new directory: confirms the fix."""
+        return self.with_changes(kernels="invariant", out=None).command()
+
+    # ------------------------------------------------------------------------------- what is recorded
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "compositions":
+                value = [c.to_dict() for c in value]
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            data[f.name] = value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if "compositions" in values:
+            values["compositions"] = tuple(Composition.from_dict(c) for c in values["compositions"])
+        if "ids" in values:
+            values["ids"] = tuple(values["ids"] or ())
+        return cls(**values)
+
+    def trace_settings(self) -> dict[str, Any]:
+        """The settings that decide the traces (a resume must not change them). Thresholds only change
+        the analysis, and simulated and physical replay give the same bits, so both may change."""
+        return {
+            "model": self.model, "dtype": self.dtype, "kernels": self.kernels, "backend": self.backend,
+            "profile": self.profile, "max_tokens": self.max_tokens, "repeat": self.repeat,
+            "compositions": [c.to_dict() for c in self.compositions], "input_format": self.input_format,
+        }
+
+
+def parse_ids(text: str | None) -> tuple[str, ...]:
+    return tuple(i.strip() for i in text.split(",") if i.strip()) if text else ()
+
+
+def config_from_options(suite: Path | str, compositions: Sequence[Composition] | None = None,
+                        **options: Any) -> RunConfig:
+    """A RunConfig from API keyword options (None means the default)."""
+    given = {k: v for k, v in options.items() if v is not None}
+    if compositions is not None:
+        given["compositions"] = tuple(compositions)
+    if "ids" in given:
+        given["ids"] = tuple(given["ids"])
+    return RunConfig(Path(suite), **given)

@@ -1,0 +1,77 @@
+"""The last stage every source of traces shares (a replay through the built-in engine, a probe of a
+server): analyse the traces and write the run directory's tables and meta.json."""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from flakecheck.analysis import Thresholds, analyse
+from flakecheck.checks import check_label
+from flakecheck.rundir import RunData, RunDirectory
+from flakecheck.suite import Suite
+from flakecheck.traces import Trace
+
+
+@dataclass(frozen=True)
+class TokenTexts:
+    """How the source turns token ids into text: a whole output, and one token (for tables and reports)."""
+
+    decode: Callable[[list[int]], str]
+    token: Callable[[int], str]
+
+
+def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], reference: str,
+              thresholds: Thresholds, texts: TokenTexts, meta: dict[str, Any],
+              timings: dict[str, float]) -> RunData:
+    """Analyse, write runs/tokens/cases parquet and meta.json (the source's `meta` plus what every run
+    records), drop the saved partial traces. The caller's `timings` gain analysis_s."""
+    t0 = time.perf_counter()
+    tables = analyse(traces, suite.cases, reference, thresholds, texts.decode, texts.token)
+    timings["analysis_s"] = time.perf_counter() - t0
+    directory.write_tables(tables.runs, tables.tokens, tables.cases)
+    generated = sum(len(r["token_ids"]) for r in tables.runs)
+    timings["generated_tokens"] = generated
+    replay_s = timings.get("replay_s")
+    timings["tokens_per_s"] = generated / replay_s if replay_s else None
+    directory.write_meta({
+        **meta,
+        "suite": str(suite.path),
+        "suite_name": suite.path.stem,
+        "suite_sha256": suite.sha256,
+        "suite_warnings": suite.warnings,
+        "n_cases": len(suite.cases),
+        "reference": reference,
+        "thresholds": {"gap_threshold": thresholds.gap_threshold, "gap_window": thresholds.gap_window},
+        "versions": versions(),
+        "timings": timings,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "status": "complete",
+        "cases": [
+            {"case_id": c.id, "input": c.input, "targets": list(c.targets),
+             "checks": [check_label(k) for k in c.checks], "metadata": c.metadata, "line": c.line}
+            for c in suite.cases
+        ],
+    })
+    directory.finish()
+    return directory.load()
+
+
+def versions() -> dict[str, str | None]:
+    import torch
+    import transformers
+
+    import flakecheck
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"flakecheck": flakecheck.__version__, "torch": torch.__version__, "triton": triton_version,
+            "transformers": transformers.__version__, "python": platform.python_version()}

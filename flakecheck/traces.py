@@ -1,0 +1,38 @@
+"""A trace: what one case generated under one (composition, repeat), with the evidence per token.
+
+Traces are what every source of generations hands to the analysis — the built-in engine's replay,
+a probe of a server — and what a run directory keeps under partial/ while a run is in progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Trace:
+    case_id: str
+    composition: str
+    repeat: int
+    token_ids: list[int]
+    top1_ids: list[int]
+    top1_logprobs: list[float]
+    top2_ids: list[int]
+    top2_logprobs: list[float]
+    finish_reason: str
+    # the chosen token's raw logit in the model dtype, per step (None where the source does not
+    # report logits, e.g. a server probe): it sizes one ulp of the logits for tie classification
+    top1_logits: list[float] | None = None
+
+    @classmethod
+    def from_record(cls, row: dict[str, Any]) -> Trace:
+        """A trace from a parquet row (numpy arrays and numpy scalars become lists and Python numbers)."""
+        logits = row.get("top1_logits")
+        return cls(
+            str(row["case_id"]), str(row["composition"]), int(row["repeat"]),
+            [int(x) for x in row["token_ids"]], [int(x) for x in row["top1_ids"]],
+            [float(x) for x in row["top1_logprobs"]], [int(x) for x in row["top2_ids"]],
+            [float(x) for x in row["top2_logprobs"]], str(row["finish_reason"]),
+            None if logits is None else [float(x) for x in logits],
+        )

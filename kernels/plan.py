@@ -1,0 +1,66 @@
+"""The engine-kernels contract: a step's shape in, a typed plan of reduction orders out.
+
+The policy sees one step's shape once (`policy.plan_step`) and returns a StepPlan that every layer
+of that step executes, on any backend. A plan entry is an *order*:
+
+- FIXED: the fixed-order (batch-invariant) kernel;
+- NATIVE: the framework's own kernel, whose order depends on the physical batch;
+- S >= 1: a split reduction in S parts (split-K matmul, S row splits for norms), partials added in order.
+
+For attention the entry is the number of keys per split (NATIVE for the framework's kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FIXED = 0
+NATIVE = -1
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The reduction shapes of a model that a plan covers."""
+
+    projections: tuple[tuple[int, int], ...]  # (N, K) of every projection over the step's hidden rows
+    lm_head: tuple[int, int]
+    kv_heads: int
+    norm_rows_per_token: tuple[int, ...] = (1,)  # 1: hidden-state norms; heads: per-head q/k norms
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One engine step as the policy sees it: per sequence, its new rows and its context after the step."""
+
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    num_sample_rows: int
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    projections: tuple[tuple[tuple[int, int], int], ...]  # ((N, K), order) for every projection
+    lm_head: int
+    kv_split: int  # keys per attention split, or NATIVE
+    norms: tuple[tuple[int, int], ...]  # (rows per token, order)
+    final: int  # the final norm and the log-softmax, over the sampling rows
+
+    def projection(self, n: int, k: int) -> int:
+        for shape, order in self.projections:
+            if shape == (n, k):
+                return order
+        raise KeyError(f"the plan covers no projection of shape N={n}, K={k}")
+
+    def norm(self, rows_per_token: int) -> int:
+        for rows, order in self.norms:
+            if rows == rows_per_token:
+                return order
+        raise KeyError(f"the plan covers no norm over {rows_per_token} rows a token")
