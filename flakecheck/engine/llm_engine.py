@@ -13,7 +13,7 @@ from flakecheck.engine.models import MODEL_CLASSES
 from flakecheck.engine.prefix_cache import PrefixCache
 from flakecheck.engine.sampler import greedy_top2
 from flakecheck.engine.scheduler import Scheduler
-from flakecheck.engine.sequence import Completion, SamplingParams, Sequence
+from flakecheck.engine.sequence import Completion, SamplingParams, SeqStatus, Sequence
 from flakecheck.kernels import Ops, get_ops
 
 
@@ -23,6 +23,7 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams = SamplingParams()
     arrival: int = 0  # engine step at which the request may first be scheduled
+    cache_salt: str | None = None  # requests with different salts never share prefix-cache blocks
 
 
 @dataclass
@@ -31,6 +32,7 @@ class EngineStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     prefix_hit_tokens: int = 0
+    last_step_seqs: int = 0  # sequences in the last step's forward pass (decodes and prefill chunks)
 
 
 class LLMEngine:
@@ -72,7 +74,8 @@ class LLMEngine:
 
     def add_request(self, request: Request) -> None:
         config = self.loaded.config
-        seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival)
+        seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival,
+                       request.cache_salt)
         if seq.max_length > config.max_context:
             what = "sliding window" if config.max_context != config.max_position_embeddings else "context"
             raise ValueError(
@@ -86,7 +89,7 @@ class LLMEngine:
         self.cache.ensure_length(seq.max_length)
         self.stats.prompt_tokens += seq.num_prompt
         if self.prefix_cache is not None:
-            blocks = self.prefix_cache.lookup(seq.prompt_ids)
+            blocks = self.prefix_cache.lookup(seq.prompt_ids, seq.cache_salt)
             for i, block in enumerate(blocks):
                 self.cache.load(seq.slot, i * self.prefix_cache.block_size, block)
             seq.num_computed = seq.cached_prompt_tokens = len(blocks) * self.prefix_cache.block_size
@@ -94,7 +97,7 @@ class LLMEngine:
 
     def _remember_prefix(self, seq: Sequence) -> None:
         size = self.prefix_cache.block_size
-        for index, key in self.prefix_cache.missing(seq.prompt_ids):
+        for index, key in self.prefix_cache.missing(seq.prompt_ids, seq.cache_salt):
             self.prefix_cache.insert(key, self.cache.read(seq.slot, index * size, (index + 1) * size))
 
     def step(self) -> list[Completion]:
@@ -109,6 +112,7 @@ class LLMEngine:
         logprobs, sampling = self.runner.run(scheduled)
         self.clock += 1
         self.stats.steps += 1
+        self.stats.last_step_seqs = len(scheduled)
         for seq, n in scheduled:
             was_prefilling = seq.num_computed < seq.num_prompt
             seq.num_computed += n
@@ -133,6 +137,29 @@ class LLMEngine:
             self.cache.release(seq.slot)
             finished.append(seq.completion())
         return finished
+
+    def _unfinished(self, request_id: Any) -> Sequence | None:
+        return next((s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.request_id == request_id), None)
+
+    def progress(self, request_id: Any) -> Completion | None:
+        """What an unfinished request has generated so far (streaming, stop strings); None when it is
+        finished or unknown."""
+        seq = self._unfinished(request_id)
+        return None if seq is None else seq.completion()
+
+    def abort(self, request_id: Any, reason: str = "abort") -> Completion | None:
+        """Finish an unfinished request now (a stop string matched, its client went away) and free its
+        slot for the next step; its completion so far, or None when it is finished or unknown."""
+        seq = self._unfinished(request_id)
+        if seq is None:
+            return None
+        if seq.status is SeqStatus.WAITING:
+            self.scheduler.waiting.remove(seq)
+        else:
+            self.scheduler.finish(seq)
+            self.cache.release(seq.slot)
+        seq.finish_reason = reason
+        return seq.completion()
 
     def generate(self, requests: Iterable[Request],
                  on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
