@@ -6,6 +6,7 @@ the moment the server is reachable.
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 from types import TracebackType
@@ -41,8 +42,17 @@ def _server(app: FastAPI, log_level: str) -> uvicorn.Server:
 
 
 def serve_forever(app: FastAPI, sock: socket.socket, log_level: str = "warning") -> None:
-    """Serve until Ctrl-C / SIGTERM (uvicorn's handlers), then stop the engine loop."""
-    _server(app, log_level).run(sockets=[sock])
+    """Serve until Ctrl-C or SIGTERM, shut down gracefully (the lifespan stops the engine loop), return.
+
+    uvicorn re-raises the stopping signal once it has shut down; a no-op handler installed around it
+    receives that, so a requested stop ends the process with exit code 0."""
+    stopping = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in stopping}
+    try:
+        _server(app, log_level).run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class BackgroundServer:
