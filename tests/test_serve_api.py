@@ -216,6 +216,9 @@ def test_streaming_completions(client: httpx.Client) -> None:
     ({"messages": MESSAGES, "max_tokens": "5"}, "max_tokens"),
     ({"messages": MESSAGES, "stop": [""]}, "stop"),
     ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MESSAGES, "min_tokens": 5}, "min_tokens"),
+    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
     ({}, "messages"),
@@ -262,9 +265,10 @@ def test_malformed_json_and_unknown_routes(client: httpx.Client) -> None:
     assert r.status_code == 404 and "error" in r.json()
 
 
-def test_seed_and_temperature_zero_are_accepted(client: httpx.Client) -> None:
+def test_settings_irrelevant_to_greedy_decoding_are_accepted(client: httpx.Client) -> None:
     plain = _chat(client)
-    seeded = _chat(client, seed=1234, temperature=0, top_p=0.9)
+    seeded = _chat(client, seed=1234, temperature=0, top_p=0.9, top_k=5, response_format={"type": "text"},
+                   user="someone")
     assert seeded["choices"][0]["message"] == plain["choices"][0]["message"]
 
 

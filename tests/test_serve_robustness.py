@@ -91,6 +91,25 @@ def test_an_engine_failure_fails_the_batch_and_the_server_goes_on(server: Served
     assert (stats["failed_requests"], stats["finished_requests"], stats["active_requests"]) == (1, 1, 0)
 
 
+def test_an_engine_that_cannot_recover_is_reported_unhealthy(server: Served,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = server.state.loop.engine
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine, "step", broken)
+    monkeypatch.setattr(engine, "abort", broken)
+    body = {"messages": MESSAGES, "max_tokens": 5}
+    first = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert first.status_code == 500 and "device lost" in first.json()["error"]["message"]
+    health = httpx.get(f"{server.url}/health")
+    assert health.status_code == 503 and "device lost" in health.json()["error"]["message"]
+    later = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert later.status_code == 500 and "unusable" in later.json()["error"]["message"]
+
+
 def test_an_engine_failure_mid_stream_is_an_error_event(server: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = server.state.loop.engine
     real_step, calls = engine.step, []

@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from flakecheck.serve.chat import router as chat_router
 from flakecheck.serve.completions import router as completions_router
-from flakecheck.serve.errors import install_error_handlers
+from flakecheck.serve.errors import APIError, install_error_handlers
 from flakecheck.serve.state import ServerState
 
 
@@ -32,16 +32,19 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(completions_router)
 
     @app.get("/v1/models")
-    async def list_models(request: Request) -> dict[str, Any]:
+    async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [_model_card(state)]}
 
     @app.get("/v1/models/{model:path}")
-    async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
+    async def retrieve_model(model: str) -> dict[str, Any]:
         state.check_model(model)
         return _model_card(state)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health() -> Any:
+        broken = state.loop.broken
+        if broken is not None:
+            return APIError(503, f"unhealthy: {broken}").response()
         return {"status": "ok"}
 
     @app.get("/version")

@@ -39,6 +39,10 @@ class Update:
     error: str | None = None  # the job failed; the last update
     error_status: int = 500  # 400 when the engine refused the request itself
 
+    @classmethod
+    def failure(cls, message: str, status: int = 500) -> Update:
+        return cls([], [], [], [], None, error=message, error_status=status)
+
     @property
     def last(self) -> bool:
         return self.finish_reason is not None or self.error is not None
@@ -64,6 +68,7 @@ class EngineLoop:
         self._commands: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._jobs: dict[str, Job] = {}
         self._held = False
+        self._broken: str | None = None
         self._thread = threading.Thread(target=self._run, name="flakecheck-engine", daemon=True)
 
     def start(self) -> None:
@@ -94,9 +99,16 @@ class EngineLoop:
 
     # --- the engine thread ------------------------------------------------------------------------
 
+    @property
+    def broken(self) -> str | None:
+        """Why the engine can serve no more (a failure it could not recover from), or None."""
+        if self._broken is not None:
+            return self._broken
+        return None if self._thread.is_alive() else "the engine loop is not running"
+
     def _run(self) -> None:
         while True:
-            idle = self._held or not self.engine.has_unfinished()
+            idle = self._held or not self.engine.has_unfinished() or self._broken is not None
             commands = [self._commands.get()] if idle else []
             while True:
                 try:
@@ -108,16 +120,17 @@ class EngineLoop:
                     self._fail_all("the server is shutting down")
                     return
                 self._apply(name, arg)
-            if self._held or not self.engine.has_unfinished():
-                continue
             try:
+                if self._held or self._broken is not None or not self.engine.has_unfinished():
+                    continue
                 finished = self.engine.step()
-            except Exception as exc:  # a bug or an exhausted machine: fail the batch, keep serving
-                log.exception("engine step failed")
+                self.stats.record_step(self.engine.stats)
+                self._after_step({c.request_id: c for c in finished})
+            except Exception as exc:  # a bug or an exhausted machine: fail the batch, keep serving if we can
+                log.exception("engine loop failed")
                 self._fail_all(f"the engine failed: {exc.__class__.__name__}: {exc}")
-                continue
-            self.stats.record_step(self.engine.stats)
-            self._after_step({c.request_id: c for c in finished})
+                if self.engine.has_unfinished():  # it could not even abort: stop stepping for good
+                    self._broken = f"{exc.__class__.__name__}: {exc}"
 
     def _apply(self, name: str, arg: object) -> None:
         if name == "hold":
@@ -125,19 +138,29 @@ class EngineLoop:
         elif name == "add":
             job = arg
             assert isinstance(job, Job)
+            if self._broken is not None:
+                self._send(job, Update.failure(f"the engine is unusable: {self._broken}"), "failed")
+                return
             request = Request(job.request_id, job.prompt_ids, SamplingParams(job.max_tokens, job.ignore_eos),
                               cache_salt=job.cache_salt)
             try:
                 self.engine.add_request(request)
             except ValueError as exc:  # the handler checks lengths first; this is the engine's last word
-                self._send(job, Update([], [], [], [], None, error=str(exc), error_status=400), "failed")
+                self._send(job, Update.failure(str(exc), 400), "failed")
+                return
+            except Exception as exc:
+                log.exception("adding a request failed")
+                self._send(job, Update.failure(f"{exc.__class__.__name__}: {exc}"), "failed")
                 return
             self._jobs[job.request_id] = job
         elif name == "abort":
             job = self._jobs.pop(str(arg), None)
             if job is not None:
-                self.engine.abort(job.request_id)
                 self.stats.count("aborted")
+                try:
+                    self.engine.abort(job.request_id)
+                except Exception:  # the next step's failure handling deals with a broken engine
+                    log.exception("aborting a request failed")
 
     def _after_step(self, finished: dict[str, Completion]) -> None:
         for request_id, job in list(self._jobs.items()):
@@ -180,4 +203,4 @@ class EngineLoop:
         for job in list(self._jobs.values()):
             with contextlib.suppress(Exception):
                 self.engine.abort(job.request_id)
-            self._send(job, Update([], [], [], [], None, error=message), "failed")
+            self._send(job, Update.failure(message), "failed")

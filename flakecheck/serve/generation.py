@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from flakecheck.serve.engine_loop import Job, Update
 from flakecheck.serve.errors import APIError, ClientGone, bad_request
-from flakecheck.serve.schemas import _Common
+from flakecheck.serve.schemas import GenerationRequest
 from flakecheck.serve.state import ServerState
 
 
@@ -44,7 +44,7 @@ def plan_prompt(state: ServerState, ids: list[int], requested: int | None, defau
 
 
 class Generation:
-    def __init__(self, state: ServerState, prefix: str, prompts: list[Prompt], body: _Common) -> None:
+    def __init__(self, state: ServerState, prefix: str, prompts: list[Prompt], body: GenerationRequest) -> None:
         self.state = state
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.prompts = prompts

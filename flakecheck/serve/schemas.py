@@ -14,6 +14,15 @@ from flakecheck.serve.errors import APIError, bad_request
 
 # The engine records the top-2 candidates of every step (greedy top-1 and the runner-up).
 MAX_TOP_LOGPROBS = 2
+# Extensions (OpenAI's and vLLM's) that would change or add to the answer, with their neutral values:
+# any other value is refused rather than silently ignored.
+UNSUPPORTED_EXTENSIONS: dict[str, tuple[object, ...]] = {
+    "response_format": (None, {"type": "text"}), "tools": (None, []), "functions": (None, []),
+    "min_tokens": (None, 0), "stop_token_ids": (None, []), "bad_words": (None, []), "allowed_token_ids": (None,),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "structured_outputs": (None,), "logits_processors": (None,), "prompt_logprobs": (None, 0),
+    "length_penalty": (None, 1, 1.0), "use_beam_search": (None, False),
+}
 
 
 class StreamOptions(BaseModel):
@@ -21,7 +30,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
+class GenerationRequest(BaseModel):
+    """The fields chat and completions requests share."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None  # absent: the one served model
@@ -64,6 +75,10 @@ class _Common(BaseModel):
         if self.logit_bias:
             raise bad_request("logit_bias is not supported (it would change the greedy answer)", "logit_bias",
                               "unsupported_value")
+        for name, neutral in UNSUPPORTED_EXTENSIONS.items():
+            value = (self.model_extra or {}).get(name)
+            if not any(value == n and type(value) is type(n) for n in neutral):
+                raise bad_request(f"{name} is not supported by this server", name, "unsupported_value")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
@@ -90,7 +105,7 @@ class ChatMessage(BaseModel):
         return {"role": self.role, "content": content or ""}
 
 
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
@@ -110,7 +125,7 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
