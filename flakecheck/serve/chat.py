@@ -28,8 +28,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     top_n = body.top_n()
     ids = _encode_messages(state, [m.as_template_input() for m in body.messages])
     gen = Generation(state, "chatcmpl", [plan_prompt(state, ids, body.requested_max_tokens(), None, "messages")], body)
-    created = int(time.time())
-    head = {"id": gen.id, "created": created, "model": state.model_id, "system_fingerprint": state.fingerprint}
+    head = {"id": gen.id, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
+            "system_fingerprint": state.fingerprint}
 
     def logprobs(update: Update) -> dict[str, Any] | None:
         if top_n is None:
@@ -57,7 +57,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     [result] = await gen.collect(request)
     choice = {"index": 0, "message": {"role": "assistant", "content": result.text or ""},
               "logprobs": logprobs(result), "finish_reason": result.finish_reason}
-    return {**head, "object": "chat.completion", "choices": [choice], "usage": gen.usage()}
+    return {**head, "choices": [choice], "usage": gen.usage()}
 
 
 def _encode_messages(state: ServerState, messages: list[dict[str, Any]]) -> list[int]:
