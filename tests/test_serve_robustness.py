@@ -152,6 +152,9 @@ def test_max_model_len_caps_the_context_and_sets_the_default_max_tokens(serve_mo
                             json={"messages": [{"role": "user", "content": "Hi"}], "ignore_eos": True},
                             timeout=60).json()
         refused = httpx.post(f"{served.url}/v1/completions", json={"prompt": [5] * 40, "max_tokens": 9})
+        no_room = httpx.post(f"{served.url}/v1/chat/completions",
+                             json={"messages": [{"role": "user", "content": "Hi " * 60}]})
+    assert no_room.status_code == 400 and "1 for the completion" in no_room.json()["error"]["message"]
     assert models["data"][0]["max_model_len"] == 48
     assert answer["usage"]["total_tokens"] == 48 and answer["choices"][0]["finish_reason"] == "length"
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"

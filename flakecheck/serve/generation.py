@@ -33,8 +33,9 @@ def plan_prompt(state: ServerState, ids: list[int], requested: int | None, defau
     if not ids:
         raise bad_request("the prompt is empty (no tokens)", param)
     context = state.max_context
-    max_tokens = requested if requested is not None else default if default is not None else context - len(ids)
-    if len(ids) + max(max_tokens, 1) > context:
+    max_tokens = requested if requested is not None else default if default is not None else \
+        max(context - len(ids), 1)
+    if len(ids) + max_tokens > context:
         raise bad_request(
             f"This model's maximum context length is {context} tokens. However, you requested "
             f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt; {max_tokens} for the completion). "
