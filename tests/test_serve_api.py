@@ -275,3 +275,19 @@ def test_settings_irrelevant_to_greedy_decoding_are_accepted(client: httpx.Clien
 def test_fingerprint_follows_the_kernels(splitk_server: Served, invariant_server: Served) -> None:
     prints = {httpx.get(f"{s.url}/version").json()["system_fingerprint"] for s in (splitk_server, invariant_server)}
     assert len(prints) == 2 and all(p.startswith("fp_") for p in prints)
+
+
+def test_tokenize_and_detokenize_like_vllm(client: httpx.Client) -> None:
+    answer = _chat(client, logprobs=True, return_tokens_as_token_ids=True)
+    counted = client.post("/tokenize", json={"model": SERVED_NAME, "messages": MESSAGES}).json()
+    assert counted["count"] == len(counted["tokens"]) == answer["usage"]["prompt_tokens"]
+    plain = _chat(client, logprobs=True)
+    for with_id, with_text in zip(answer["choices"][0]["logprobs"]["content"],
+                                  plain["choices"][0]["logprobs"]["content"]):
+        token_id = int(with_id["token"].removeprefix("token_id:"))
+        text = client.post("/detokenize", json={"model": SERVED_NAME, "tokens": [token_id]}).json()["prompt"]
+        assert text == with_text["token"]
+    prompt = client.post("/tokenize", json={"prompt": "The capital of France is"}).json()["tokens"]
+    assert client.post("/detokenize", json={"tokens": prompt}).json()["prompt"] == "The capital of France is"
+    assert client.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
+    assert client.post("/tokenize", json={"prompt": "x", "messages": MESSAGES}).status_code == 400

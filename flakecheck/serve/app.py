@@ -1,4 +1,5 @@
-"""The ASGI app: the OpenAI routes plus /health, /version and /stats (the batches the engine ran)."""
+"""The ASGI app: the OpenAI routes, vLLM's /tokenize and /detokenize, /health, /version and /stats
+(the batches the engine ran)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from flakecheck.serve.chat import router as chat_router
 from flakecheck.serve.completions import router as completions_router
 from flakecheck.serve.errors import APIError, install_error_handlers
 from flakecheck.serve.state import ServerState
+from flakecheck.serve.tokenize import router as tokenize_router
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -30,6 +32,7 @@ def build_app(state: ServerState) -> FastAPI:
     install_error_handlers(app)
     app.include_router(chat_router)
     app.include_router(completions_router)
+    app.include_router(tokenize_router)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:

@@ -26,7 +26,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state.check_model(body.model)
     body.check_greedy()
     top_n = body.top_n()
-    ids = _encode_messages(state, [m.as_template_input() for m in body.messages])
+    ids = encode_messages(state, [m.as_template_input() for m in body.messages])
     gen = Generation(state, "chatcmpl", [plan_prompt(state, ids, body.requested_max_tokens(), None, "messages")], body)
     head = {"id": gen.id, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
             "system_fingerprint": state.fingerprint}
@@ -60,7 +60,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     return {**head, "choices": [choice], "usage": gen.usage()}
 
 
-def _encode_messages(state: ServerState, messages: list[dict[str, Any]]) -> list[int]:
+def encode_messages(state: ServerState, messages: list[dict[str, Any]]) -> list[int]:
     if not getattr(state.loaded.tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template: send a raw prompt to /v1/completions", "messages")
     try:

@@ -27,7 +27,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     body.check_greedy()
     top_n = body.top_n()
     prompts = [plan_prompt(state, ids, body.max_tokens, DEFAULT_MAX_TOKENS, "prompt")
-               for ids in _prompt_ids(state, body.prompt)]
+               for ids in prompt_ids(state, body.prompt)]
     gen = Generation(state, "cmpl", prompts, body)
     head = {"id": gen.id, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
             "system_fingerprint": state.fingerprint}
@@ -57,12 +57,13 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     return {**head, "choices": choices, "usage": gen.usage()}
 
 
-def _prompt_ids(state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+def prompt_ids(state: ServerState, prompt: str | list[str] | list[int] | list[list[int]],
+               param: str = "prompt") -> list[list[int]]:
     """One token-id list per prompt; token ids are checked against the vocabulary."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
-        raise bad_request("prompt must not be an empty list", "prompt")
+        raise bad_request(f"{param} must not be an empty list", param)
     if all(isinstance(p, int) for p in prompt):
         prompt = [prompt]  # type: ignore[list-item]  # one prompt given as token ids
     vocab = state.loaded.config.vocab_size
@@ -74,6 +75,6 @@ def _prompt_ids(state: ServerState, prompt: str | list[str] | list[int] | list[l
             continue
         bad = next((t for t in p if not 0 <= t < vocab), None)
         if bad is not None:
-            raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
+            raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param)
         out.append(list(p))
     return out

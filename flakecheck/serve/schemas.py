@@ -158,3 +158,21 @@ def _check_top(n: int, param: str) -> None:
 
 def model_not_found(name: str) -> APIError:
     return APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize: a raw prompt, or chat messages through the chat template."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's POST /detokenize: token ids back to text (special tokens kept)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str | None = None
+    tokens: list[int]
