@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI API (and the vLLM extensions a probe uses), validated by pydantic.
 
 Unknown fields are ignored, as vLLM does. Fields that would change the answer if silently ignored
-(sampling temperature, penalties, logit bias, n > 1, echo) are refused by `check_greedy`.
+(sampling temperature, penalties, logit bias, n > 1, echo, structured output, tools: see
+`UNSUPPORTED_EXTENSIONS`) are refused by `check_greedy`.
 """
 
 from __future__ import annotations
