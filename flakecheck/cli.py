@@ -104,6 +104,29 @@ def kernels_check(
     raise typer.Exit(check_command(device=device, dtype=dtype, backend=backend, json_out=json_out))
 
 
+@app.command(help="The built-in engine behind an OpenAI-compatible API (continuous batching, greedy, top-2 "
+             "logprobs).\n\nExample: flakecheck serve --kernels invariant --port 8000")
+def serve(
+    model: str = typer.Option("smollm2", help="smollm2 | a Hugging Face directory | FILE.gguf | a hub id"),
+    kernels: str = typer.Option("splitk", help="splitk (production-like batch variance) | invariant "
+                                "(deterministic) | native"),
+    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
+    profile: str = typer.Option("h100", help="device profile for split counts: h100 | a100 | h200 | l4"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on (loopback by default)"),
+    port: int = typer.Option(8000, help="port; 0 picks a free one (printed at start-up)"),
+    max_num_seqs: int = typer.Option(32, help="most sequences in one engine step"),
+    max_num_batched_tokens: int | None = typer.Option(None, help="token budget a step (chunked prefill)"),
+    enable_prefix_caching: bool = typer.Option(False, help="reuse cached prompt blocks across requests"),
+    max_model_len: int | None = typer.Option(None, help="cap the context below the model's (bounds the KV cache)"),
+    served_model_name: str | None = typer.Option(None, help="the model id the API reports (default: --model)"),
+) -> None:
+    from flakecheck.serve.command import serve_command
+    from flakecheck.serve.state import ServeSettings
+
+    serve_command(ServeSettings(model, kernels, dtype, profile, max_num_seqs, max_num_batched_tokens,
+                                enable_prefix_caching, max_model_len, served_model_name), host, port)
+
+
 @app.command(help="Benchmarks, one JSON line each: engine | kernels | run.\n\nExample: flakecheck bench engine --json")
 def bench(
     target: str = typer.Argument("engine", help="engine | kernels | run"),

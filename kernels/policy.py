@@ -50,8 +50,8 @@ def parse_policy(spec: str) -> KernelPolicy:
     for part in text.split(","):
         key, sep, value = (p.strip() for p in part.partition("="))
         if not sep:
-            raise ValueError(f"{spec!r}: expected a policy ({', '.join(ORDERS)}) or op=order pairs, e.g. "
-                             "matmul=splitk,attention=invariant")
+            raise ValueError(f"unknown kernel policy {spec!r}; choose {', '.join(ORDERS)}, or one per op class, "
+                             "e.g. matmul=splitk,attention=invariant,norm=invariant")
         if key not in OP_CLASSES:
             raise ValueError(f"{spec!r}: unknown op class {key!r}; choose among {', '.join(OP_CLASSES)}")
         if value not in ORDERS:

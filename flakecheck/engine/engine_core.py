@@ -14,7 +14,7 @@ from typing import Any
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.prefix_cache import PrefixCache
 from flakecheck.engine.scheduler import Scheduler
-from flakecheck.engine.sequence import Completion, SamplingParams, Sequence
+from flakecheck.engine.sequence import Completion, SamplingParams, SeqStatus, Sequence
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams = SamplingParams()
     arrival: int = 0  # engine step at which the request may first be scheduled
+    cache_salt: str | None = None  # requests with different salts never share prefix-cache blocks
 
 
 @dataclass
@@ -32,6 +33,7 @@ class EngineStats:
     generated_tokens: int = 0
     prefix_hit_tokens: int = 0
     peak_running: int = 0  # most sequences in one step
+    last_step_seqs: int = 0  # sequences in the last step's forward pass (decodes and prefill chunks)
 
 
 Scheduled = list[tuple[Sequence, int]]
@@ -61,7 +63,8 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def add_request(self, request: Request, context_name: str = "context") -> None:
-        seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival)
+        seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival,
+                       request.cache_salt)
         if seq.max_length > self.max_context:
             raise ValueError(
                 f"request {request.request_id!r}: {seq.num_prompt} prompt + {request.params.max_tokens} new "
@@ -74,7 +77,7 @@ class EngineCore:
         self.cache.ensure_length(seq.max_length)
         self.stats.prompt_tokens += seq.num_prompt
         if self.prefix_cache is not None:
-            blocks = self.prefix_cache.lookup(seq.prompt_ids)
+            blocks = self.prefix_cache.lookup(seq.prompt_ids, seq.cache_salt)
             for i, block in enumerate(blocks):
                 self.cache.load(seq.slot, i * self.prefix_cache.block_size, block)
             seq.num_computed = seq.cached_prompt_tokens = len(blocks) * self.prefix_cache.block_size
@@ -97,6 +100,7 @@ class EngineCore:
         self.clock += 1
         self.stats.steps += 1
         self.stats.peak_running = max(self.stats.peak_running, len(scheduled))
+        self.stats.last_step_seqs = len(scheduled)
         sampling = []
         for seq, n in scheduled:
             was_prefilling = seq.num_computed < seq.num_prompt
@@ -126,8 +130,32 @@ class EngineCore:
             finished.append(seq.completion())
         return finished
 
+    def _unfinished(self, request_id: Any) -> Sequence | None:
+        return next((s for s in (*self.scheduler.running, *self.scheduler.waiting) if s.request_id == request_id), None)
+
+    def progress(self, request_id: Any) -> Completion | None:
+        """What an unfinished request has generated so far (streaming, stop strings); None when it is
+        finished or unknown."""
+        seq = self._unfinished(request_id)
+        return None if seq is None else seq.completion()
+
+    def abort(self, request_id: Any, reason: str = "abort") -> Completion | None:
+        """Finish an unfinished request now (a stop string matched, its client went away) and free its
+        slot for the next step; its completion so far, or None when it is finished or unknown."""
+        seq = self._unfinished(request_id)
+        if seq is None:
+            return None
+        if seq.status is SeqStatus.WAITING:
+            self.scheduler.waiting.remove(seq)
+        else:
+            self.scheduler.finish(seq)
+            assert seq.slot is not None
+            self.cache.release(seq.slot)
+        seq.finish_reason = reason
+        return seq.completion()
+
     def _remember_prefix(self, seq: Sequence) -> None:
         assert self.prefix_cache is not None and seq.slot is not None
         size = self.prefix_cache.block_size
-        for index, key in self.prefix_cache.missing(seq.prompt_ids):
+        for index, key in self.prefix_cache.missing(seq.prompt_ids, seq.cache_salt):
             self.prefix_cache.insert(key, self.cache.read(seq.slot, index * size, (index + 1) * size))

@@ -89,6 +89,14 @@ class LLMEngine:
         step = self.runner.plan(scheduled)
         return self.core.commit(scheduled, self.runner.run([step])[0])
 
+    def progress(self, request_id: Any) -> Completion | None:
+        assert self.core is not None
+        return self.core.progress(request_id)
+
+    def abort(self, request_id: Any, reason: str = "abort") -> Completion | None:
+        assert self.core is not None
+        return self.core.abort(request_id, reason)
+
     def generate(self, requests: Iterable[Request],
                  on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
         """Run requests to completion through the scheduler; completions come back in request order."""

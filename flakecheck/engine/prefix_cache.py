@@ -9,9 +9,10 @@ import torch
 BLOCK_SIZE = 16
 
 
-def block_hashes(token_ids: list[int], block_size: int = BLOCK_SIZE) -> list[int]:
-    """Chained hash of every full block: a block's key covers all the tokens before it too."""
-    hashes, parent = [], 0
+def block_hashes(token_ids: list[int], block_size: int = BLOCK_SIZE, salt: str | None = None) -> list[int]:
+    """Chained hash of every full block: a block's key covers all the tokens before it too, and the
+    request's cache salt, so requests with different salts never share a block."""
+    hashes, parent = [], 0 if salt is None else hash(("cache_salt", salt))
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash((parent, tuple(token_ids[start : start + block_size])))
         hashes.append(parent)
@@ -23,9 +24,9 @@ class PrefixCache:
         self.blocks: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.capacity, self.block_size = capacity_blocks, block_size
 
-    def lookup(self, prompt_ids: list[int]) -> list[torch.Tensor]:
+    def lookup(self, prompt_ids: list[int], salt: str | None = None) -> list[torch.Tensor]:
         """Cached KV blocks for the longest cached prefix, leaving at least one prompt token to compute."""
-        usable = block_hashes(prompt_ids[:-1], self.block_size)
+        usable = block_hashes(prompt_ids[:-1], self.block_size, salt)
         found = []
         for key in usable:
             block = self.blocks.get(key)
@@ -35,9 +36,10 @@ class PrefixCache:
             found.append(block)
         return found
 
-    def missing(self, prompt_ids: list[int]) -> list[tuple[int, int]]:
+    def missing(self, prompt_ids: list[int], salt: str | None = None) -> list[tuple[int, int]]:
         """(block index, hash) of the prompt's full blocks not cached yet."""
-        return [(i, key) for i, key in enumerate(block_hashes(prompt_ids, self.block_size)) if key not in self.blocks]
+        hashes = block_hashes(prompt_ids, self.block_size, salt)
+        return [(i, key) for i, key in enumerate(hashes) if key not in self.blocks]
 
     def insert(self, key: int, block: torch.Tensor) -> None:
         self.blocks[key] = block

@@ -41,6 +41,7 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     arrival: int = 0
+    cache_salt: str | None = None  # prefix-cache blocks are shared only between requests with the same salt
     token_ids: list[int] = field(init=False)
     num_computed: int = 0  # tokens whose keys and values are in the cache
     cached_prompt_tokens: int = 0

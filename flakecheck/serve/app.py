@@ -1,0 +1,74 @@
+"""The ASGI app: the OpenAI routes, vLLM's /tokenize and /detokenize, /health, /version and /stats
+(the batches the engine ran)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from flakecheck.serve.chat import router as chat_router
+from flakecheck.serve.completions import router as completions_router
+from flakecheck.serve.errors import APIError, install_error_handlers
+from flakecheck.serve.state import ServerState
+from flakecheck.serve.tokenize import router as tokenize_router
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """The app over a built server state; its lifespan starts and stops the engine loop."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.loop.start()
+        try:
+            yield
+        finally:
+            state.loop.close()
+
+    app = FastAPI(title="flakecheck serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.serve = state
+    install_error_handlers(app)
+    app.include_router(chat_router)
+    app.include_router(completions_router)
+    app.include_router(tokenize_router)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> dict[str, Any]:
+        state.check_model(model)
+        return _model_card(state)
+
+    @app.get("/health")
+    async def health() -> Any:
+        broken = state.loop.broken
+        if broken is not None:
+            return APIError(503, f"unhealthy: {broken}").response()
+        return {"status": "ok"}
+
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        from flakecheck import __version__
+
+        return {"version": __version__, "server": "flakecheck", "system_fingerprint": state.fingerprint}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        s = state.settings
+        return {**state.loop.stats.snapshot(), "max_num_seqs": s.max_num_seqs,
+                "max_num_batched_tokens": s.max_num_batched_tokens, "enable_prefix_caching": s.enable_prefix_caching,
+                "kernels": s.kernels, "system_fingerprint": state.fingerprint}
+
+    return app
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    s = state.settings
+    return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "flakecheck",
+            "root": s.model, "max_model_len": state.max_context,
+            "flakecheck": {"kernels": s.kernels, "backend": state.backend, "profile": s.profile,
+                           "dtype": str(state.loaded.dtype).removeprefix("torch.")}}

@@ -1,0 +1,90 @@
+"""What a running server holds: the model, the one engine loop, and what its answers are stamped with."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens, load_model
+from flakecheck.errors import UserError
+from flakecheck.kernels import get_ops
+from flakecheck.serve.engine_loop import EngineLoop
+from flakecheck.serve.logprobs import TokenTexts
+from flakecheck.serve.schemas import model_not_found
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    model: str = "smollm2"
+    kernels: str = "splitk"
+    dtype: str = "bfloat16"
+    profile: str = "h100"
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = False
+    max_model_len: int | None = None  # cap the context below the model's (bounds the KV cache)
+    served_model_name: str | None = None
+
+
+@dataclass
+class ServerState:
+    settings: ServeSettings
+    loaded: LoadedModel
+    loop: EngineLoop
+    texts: TokenTexts
+    tokenizer_lock: threading.Lock
+    model_id: str
+    max_context: int
+    fingerprint: str
+    backend: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, name: str | None) -> None:
+        """A request may omit the model; naming another one is a 404, as OpenAI answers."""
+        if name is not None and name != self.model_id:
+            raise model_not_found(name)
+
+
+def build_state(settings: ServeSettings, loaded: LoadedModel | None = None) -> ServerState:
+    """Load the model (unless given), build the kernels and the engine; the loop is not started yet."""
+    for name, value in (("max-num-seqs", settings.max_num_seqs), ("max-num-batched-tokens",
+                        settings.max_num_batched_tokens), ("max-model-len", settings.max_model_len)):
+        if value is not None and value < 1:
+            raise UserError(f"--{name} must be >= 1, got {value}")
+    try:
+        ops = get_ops(settings.kernels, "auto", settings.profile, "cpu")
+    except (ValueError, ImportError) as exc:
+        raise UserError(str(exc)) from exc
+    loaded = loaded if loaded is not None else load_model(settings.model, settings.dtype)
+    engine = LLMEngine(loaded, ops, settings.max_num_seqs, settings.max_num_batched_tokens,
+                       settings.enable_prefix_caching)
+    lock = threading.Lock()
+
+    def decode(ids: list[int]) -> str:
+        with lock:
+            return decode_tokens(loaded, ids)
+
+    context = loaded.config.max_context
+    if settings.max_model_len is not None:
+        context = min(context, settings.max_model_len)
+    return ServerState(
+        settings=settings, loaded=loaded, loop=EngineLoop(engine, decode), texts=TokenTexts(loaded.tokenizer, lock),
+        tokenizer_lock=lock, model_id=settings.served_model_name or settings.model, max_context=context,
+        fingerprint=system_fingerprint(settings, loaded, ops.backend), backend=ops.backend,
+    )
+
+
+def system_fingerprint(settings: ServeSettings, loaded: LoadedModel, backend: str) -> str:
+    """Changes whenever the numerics could: the model, its dtype, the kernel policy, backend and profile."""
+    from flakecheck import __version__
+
+    c = loaded.config
+    facts = {
+        "model": settings.model, "architecture": c.architecture, "layers": c.num_layers, "hidden": c.hidden_size,
+        "vocab": c.vocab_size, "dtype": str(loaded.dtype).removeprefix("torch."), "kernels": settings.kernels,
+        "backend": backend, "profile": settings.profile, "flakecheck": __version__,
+    }
+    return "fp_" + hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:10]
