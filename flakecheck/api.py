@@ -74,13 +74,13 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
     started = time.perf_counter()
     prepared = prepare(config, model, suite, resume)
     timings = {"load_s": time.perf_counter() - started}
-    traces, timings["replay_s"] = _replay(prepared, resume, progress)
+    traces, timings["replay_s"], replayed = _replay(prepared, resume, progress)
     with _interruptible(prepared):
         loaded = prepared.model
         run = write_run(prepared.directory, prepared.suite, traces, config.compositions[0].name,
                         Thresholds(config.gap_threshold, config.gap_window),
                         TokenTexts(lambda ids: decode_tokens(loaded, ids), _token_texts(loaded)),
-                        _meta(prepared), timings)
+                        {**_meta(prepared), "replay": replayed["mode"], "replay_stats": replayed}, timings)
     if config.html:
         from flakecheck.reports.html import write_html
 
@@ -134,7 +134,7 @@ def _default_out(suite_path: Path) -> Path:
     return candidate
 
 
-def _replay(prepared: PreparedRun, resume: bool, show_progress: bool) -> tuple[list, float]:
+def _replay(prepared: PreparedRun, resume: bool, show_progress: bool) -> tuple[list, float, dict[str, Any]]:
     from flakecheck.progress import ReplayProgress
 
     config, directory = prepared.config, prepared.directory

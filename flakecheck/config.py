@@ -69,9 +69,12 @@ class RunConfig:
         from flakecheck.kernels.registry import BACKENDS
 
         try:
-            parse_policy(self.kernels)
+            policy = parse_policy(self.kernels)
         except ValueError as exc:
             raise UserError(f"--kernels: {exc}") from None
+        if self.replay == "simulated" and policy.physical:
+            raise UserError("--replay simulated: native kernels depend on the physical batch, so their "
+                            "compositions can only be replayed physically (use --replay physical or auto)")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.profile.lower() not in PROFILES:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flakecheck.compositions import Composition, arrival_order, make_fillers
-from flakecheck.engine import Completion, LLMEngine, LoadedModel, Request, SamplingParams
+from flakecheck.engine import Completion, LLMEngine, LoadedModel, Request, SamplingParams, build_model
 from flakecheck.kernels import get_ops
 from flakecheck.traces import Trace
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from flakecheck.config import RunConfig
     from flakecheck.progress import ReplayProgress
     from flakecheck.rundir import RunDirectory
+    from flakecheck.simulation import RunTraces
 
 
 @dataclass(frozen=True)
@@ -76,25 +77,49 @@ def replay(engine: LLMEngine, cases: Sequence[CaseRequest], composition: Composi
 
 def replay_runs(model: LoadedModel, config: RunConfig, cases: Sequence[CaseRequest],
                 work: Sequence[tuple[Composition, int]], directory: RunDirectory, resume: bool,
-                bar: ReplayProgress) -> tuple[list[Trace], float]:
-    """Every (composition, repeat) of a run; each finished one is saved at once in the run directory
-    (on resume, the saved ones are read back instead of replayed). Returns the traces and the replay time."""
+                bar: ReplayProgress) -> tuple[list[Trace], float, dict[str, Any]]:
+    """Every (composition, repeat) of a run, simulated together or replayed one after the other; each
+    finished one is saved at once in the run directory (on resume, the saved ones are read back
+    instead of replayed). Returns the traces in work order, the replay time, and how it replayed."""
     from flakecheck.analysis import run_label
 
-    engine = LLMEngine(model, get_ops(config.kernels, config.backend, config.profile, "cpu"))
-    traces: list[Trace] = []
-    replay_s = 0.0
+    ops = get_ops(config.kernels, config.backend, config.profile, "cpu")
+    done: dict[tuple[str, int], list[Trace]] = {}
+    info: dict[str, Any] = {"mode": "simulated" if simulated(config) else "physical"}
+    todo = []
     for composition, repeat in work:
-        label = run_label(composition.name, repeat)
         saved = directory.saved_traces(composition.name, repeat) if resume else None
         if saved is not None:
-            bar.skip(label, len(saved))
-            traces.extend(saved)
-            continue
-        bar.start(label)
-        t0 = time.perf_counter()
-        done = replay(engine, cases, composition, repeat, on_case_done=bar.case_done)
-        replay_s += time.perf_counter() - t0
-        directory.save_traces(composition.name, repeat, done)
-        traces.extend(done)
-    return traces, replay_s
+            bar.skip(run_label(composition.name, repeat), len(saved))
+            done[(composition.name, repeat)] = saved
+        else:
+            todo.append((composition, repeat))
+    t0 = time.perf_counter()
+    if todo and simulated(config):
+        from flakecheck.simulation import simulate
+
+        def finished_run(run: RunTraces) -> None:
+            traces = run.ordered()
+            directory.save_traces(run.composition.name, run.repeat, traces)
+            done[(run.composition.name, run.repeat)] = traces
+
+        bar.start(f"{len(todo)} simulated")
+        lockstep = simulate(model, build_model(model, ops), cases, todo, bar.case_done, finished_run)
+        info.update(vars(lockstep.stats))
+    elif todo:
+        engine = LLMEngine(model, ops)
+        for composition, repeat in todo:
+            bar.start(run_label(composition.name, repeat))
+            traces = replay(engine, cases, composition, repeat, on_case_done=bar.case_done)
+            directory.save_traces(composition.name, repeat, traces)
+            done[(composition.name, repeat)] = traces
+    replay_s = time.perf_counter() - t0
+    return [t for composition, repeat in work for t in done[(composition.name, repeat)]], replay_s, info
+
+
+def simulated(config: RunConfig) -> bool:
+    """Whether a run's compositions are simulated together: always unless asked for physical replay
+    or the kernels are the framework's own (their bits depend on the physical batch)."""
+    from flakecheck.kernels.policy import parse_policy
+
+    return config.replay == "simulated" or (config.replay == "auto" and not parse_policy(config.kernels).physical)

@@ -62,6 +62,10 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def prompts_done(self) -> bool:
+        """Every request admitted and past its prompt: its prompt's KV is written (to the prefix cache too)."""
+        return not self.scheduler.waiting and all(s.num_computed >= s.num_prompt for s in self.scheduler.running)
+
     def add_request(self, request: Request, context_name: str = "context") -> None:
         seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival,
                        request.cache_salt)

@@ -1,0 +1,117 @@
+"""Many engine cores, one model: every core's next step runs in a shared physical forward pass.
+
+Each core (a composition, or one case of a serial composition) schedules its own steps with its own
+limits, clock, sequences and prefix cache; a tick asks every admitted core for its next step, plans
+each step from that step's own shape, packs the steps (within a row budget, so memory stays
+bounded) into forward passes, and hands each core its sampled tokens. With row-invariant kernels
+(the `splitk` and `invariant` policies), a row's bits depend only on its own data and its own
+step's plan, so every core computes exactly what it would alone.
+
+The KV cache is one pool of slots; a core is admitted when the pool can hold its widest step
+(`max_num_seqs` slots) and its `ready()` says so (a serial composition with a prefix cache makes
+a case wait until the earlier cases it shares a prefix with have written their prompt's KV).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flakecheck.engine.engine_core import EngineCore, Scheduled
+from flakecheck.engine.kv_cache import KVCache
+from flakecheck.engine.model_runner import ModelRunner, PlannedStep
+from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.sequence import Completion
+
+
+@dataclass
+class Member:
+    """A core in the lockstep, what it calls on each finished request, and when it may start."""
+
+    core: EngineCore
+    on_finish: Callable[[Completion], None]
+    ready: Callable[[], bool] = field(default=lambda: True)
+
+    @property
+    def slots(self) -> int:
+        return self.core.scheduler.max_num_seqs
+
+
+@dataclass
+class LockstepStats:
+    ticks: int = 0
+    forward_passes: int = 0
+    rows: int = 0
+    steps: int = 0
+    peak_rows: int = 0
+    peak_slots: int = 0
+
+
+class Lockstep:
+    def __init__(self, network: LlamaForCausalLM, cache: KVCache, max_rows: int = 2048) -> None:
+        self.network, self.cache, self.max_rows = network, cache, max_rows
+        self.runner = ModelRunner(network, cache)
+        self.pending: list[Member] = []
+        self.active: list[Member] = []
+        self.free_slots = cache.shape[0]
+        self.stats = LockstepStats()
+
+    def add(self, member: Member) -> None:
+        if member.slots > self.cache.shape[0]:
+            raise ValueError(f"a core needs {member.slots} KV slots; the pool has {self.cache.shape[0]}")
+        self.pending.append(member)
+
+    def run(self) -> None:
+        """Tick until every member has finished."""
+        while self.pending or self.active:
+            self._admit()
+            proposals: list[tuple[Member, Scheduled]] = []
+            for member in list(self.active):
+                scheduled = member.core.propose()
+                if scheduled:
+                    proposals.append((member, scheduled))
+                else:  # nothing left to run: the core is done
+                    self.active.remove(member)
+                    self.free_slots += member.slots
+            if not proposals:
+                if self.pending and not any(m.ready() for m in self.pending):
+                    raise RuntimeError("lockstep: every waiting core waits on another; nothing can run")
+                continue
+            self._tick(proposals)
+
+    def _admit(self) -> None:
+        for member in list(self.pending):
+            if member.slots <= self.free_slots and member.ready():
+                self.pending.remove(member)
+                self.active.append(member)
+                self.free_slots -= member.slots
+        self.stats.peak_slots = max(self.stats.peak_slots, self.cache.shape[0] - self.free_slots)
+
+    def _tick(self, proposals: list[tuple[Member, Scheduled]]) -> None:
+        self.stats.ticks += 1
+        planned = [(member, self.runner.plan(scheduled)) for member, scheduled in proposals]
+        for batch in _within(planned, self.max_rows):
+            steps = [step for _, step in batch]
+            rows = sum(n for step in steps for _, n in step.scheduled)
+            self.stats.forward_passes += 1
+            self.stats.rows += rows
+            self.stats.steps += len(steps)
+            self.stats.peak_rows = max(self.stats.peak_rows, rows)
+            for (member, step), sampled in zip(batch, self.runner.run(steps)):
+                for completion in member.core.commit(step.scheduled, sampled):
+                    member.on_finish(completion)
+
+
+def _within(planned: list[tuple[Member, PlannedStep]], max_rows: int) -> list[list[tuple[Member, PlannedStep]]]:
+    """Steps packed in order into forward passes of at most max_rows rows (a larger step runs alone)."""
+    batches: list[list[tuple[Member, PlannedStep]]] = []
+    rows = 0
+    for item in planned:
+        n = sum(k for _, k in item[1].scheduled)
+        if batches and rows + n <= max_rows:
+            batches[-1].append(item)
+            rows += n
+        else:
+            batches.append([item])
+            rows = n
+    return batches

@@ -1,0 +1,163 @@
+"""Simulated replay: every composition (and repeat) of a run at once, in shared forward passes.
+
+Under row-invariant kernels a case's numbers depend only on its own data and on the plans of the
+steps its composition schedules, so each composition becomes engine cores (virtual engines) that
+advance in lockstep (flakecheck/engine/lockstep.py); the result is bitwise the result of
+replaying each composition alone (tests/test_simulation.py checks it). How a composition becomes
+cores:
+
+- `max_batch` > 1: one core with the composition's limits, prefix cache and every request
+  (cases and fillers): its steps are exactly the steps the composition schedules.
+- `max_batch` 1, no prefix cache: every step holds one sequence, so a case is its own core and
+  fillers cannot touch it (they are not run). Such a core is the same computation whichever serial
+  composition or repeat it belongs to (same prompt, token limit and chunk budget): it runs once
+  and its trace is reported for each.
+- `max_batch` 1 with a prefix cache: a case reuses KV that earlier cases' prefills wrote. Each
+  request is its own core over one shared prefix cache, admitted in the serial order only once
+  every earlier request that shares its first prompt block has finished its prefill (then every
+  block it can look up is there, and no later request's block can be: a later request waits for
+  it). Decodes, which write nothing to the prefix cache, overlap freely. A cache small enough to
+  evict could diverge from serial order: those compositions run as one serial core instead.
+
+`native` kernels depend on the physical batch: never simulated (api chooses physical replay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flakecheck.compositions import Composition
+from flakecheck.engine import Completion, EngineCore, LoadedModel, Request
+from flakecheck.engine.kv_cache import KVCache
+from flakecheck.engine.lockstep import Lockstep, Member
+from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
+from flakecheck.replay import CaseRequest, build_requests, trace_of
+from flakecheck.traces import Trace
+
+MAX_SLOTS = 256  # KV slots in the pool: sequences held at once across every core
+MAX_ROWS = 2048  # rows of one physical forward pass
+
+
+@dataclass
+class RunTraces:
+    """The traces of one (composition, repeat) as they finish; complete when every case has one."""
+
+    composition: Composition
+    repeat: int
+    case_ids: list[str]
+    traces: dict[str, Trace] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return len(self.traces) == len(self.case_ids)
+
+    def ordered(self) -> list[Trace]:
+        return [self.traces[c] for c in self.case_ids]
+
+
+def simulate(model: LoadedModel, network: LlamaForCausalLM, cases: Sequence[CaseRequest],
+             work: Sequence[tuple[Composition, int]], on_case_done: Callable[[Trace], None],
+             on_run_done: Callable[[RunTraces], None], max_slots: int = MAX_SLOTS, max_rows: int = MAX_ROWS,
+             ) -> Lockstep:
+    """Replay every (composition, repeat) of `work` in lockstep; `on_run_done` gets each as it completes.
+    Returns the finished lockstep (its stats)."""
+    vocab = model.config.vocab_size
+    special = frozenset(getattr(model.tokenizer, "all_special_ids", []) or []) | model.eos_token_ids
+    plans = [(composition, repeat, build_requests(cases, composition, repeat, vocab, special))
+             for composition, repeat in work]
+    longest = max(len(r.prompt_ids) + r.params.max_tokens for _, _, requests in plans for r in requests)
+    widest = max([c.max_batch for c, _, _ in plans] + [1])
+    config = model.config
+    cache = KVCache(config.num_layers, max(max_slots, widest), config.num_kv_heads, config.head_dim, model.dtype,
+                    length=longest)
+    lockstep = Lockstep(network, cache, max_rows)
+    builder = _Builder(lockstep, model, cases, on_case_done, on_run_done)
+    for composition, repeat, requests in plans:
+        builder.add(composition, repeat, requests)
+    lockstep.run()
+    return lockstep
+
+
+class _Builder:
+    def __init__(self, lockstep: Lockstep, model: LoadedModel, cases: Sequence[CaseRequest],
+                 on_case_done: Callable[[Trace], None], on_run_done: Callable[[RunTraces], None]) -> None:
+        self.lockstep, self.model = lockstep, model
+        self.case_ids = [c.case_id for c in cases]
+        self.on_case_done, self.on_run_done = on_case_done, on_run_done
+        # serial cores without a prefix cache, shared by every run that schedules the same computation
+        self.serial: dict[tuple[str, int | None], list[RunTraces]] = {}
+
+    def core(self, max_num_seqs: int, chunk: int | None, prefix: PrefixCache | None) -> EngineCore:
+        return EngineCore(self.lockstep.cache, self.model.eos_token_ids, self.model.config.max_context,
+                          max_num_seqs, chunk, prefix)
+
+    def listener(self, runs: list[RunTraces]) -> Callable[[Completion], None]:
+        """Records a finished case into each run that reports it (fillers are dropped)."""
+
+        def finished(completion: Completion) -> None:
+            if isinstance(completion.request_id, tuple):  # a filler
+                return
+            for run in runs:
+                trace = trace_of(completion, run.composition.name, run.repeat)
+                run.traces[trace.case_id] = trace
+                self.on_case_done(trace)
+                if run.done:
+                    self.on_run_done(run)
+
+        return finished
+
+    def add(self, composition: Composition, repeat: int, requests: list[Request]) -> None:
+        run = RunTraces(composition, repeat, self.case_ids)
+        if composition.max_batch > 1:
+            self._whole(composition, [run], requests)
+        elif not composition.prefix_cache:
+            for request in requests:
+                if isinstance(request.request_id, tuple):
+                    continue  # a filler never shares a step with a case of a serial composition
+                key = (str(request.request_id), composition.chunk)
+                if key not in self.serial:
+                    self.serial[key] = []
+                    member = self.core(1, composition.chunk, None)
+                    member.add_request(Request(request.request_id, request.prompt_ids, request.params))
+                    self.lockstep.add(Member(member, self.listener(self.serial[key])))
+                self.serial[key].append(run)
+        else:
+            self._serial_with_prefix(composition, run, requests)
+
+    def _whole(self, composition: Composition, runs: list[RunTraces], requests: list[Request]) -> None:
+        prefix = PrefixCache() if composition.prefix_cache else None
+        core = self.core(composition.max_batch, composition.chunk, prefix)
+        for request in requests:
+            core.add_request(request)
+        self.lockstep.add(Member(core, self.listener(runs)))
+
+    def _serial_with_prefix(self, composition: Composition, run: RunTraces, requests: list[Request]) -> None:
+        prefix = PrefixCache()
+        order = sorted(requests, key=lambda r: r.arrival)  # the serial admission order (stable)
+        blocks = sum(len(r.prompt_ids) // prefix.block_size for r in order)
+        if blocks > prefix.capacity:  # eviction would depend on the serial timing: keep it serial
+            self._whole(composition, [run], requests)
+            return
+        first_block = [_first_block(r, prefix.block_size) for r in order]
+        case_groups = {key for r, key in zip(order, first_block) if not isinstance(r.request_id, tuple)}
+        earlier: dict[Any, list[EngineCore]] = {}
+        listener = self.listener([run])
+        for request, key in zip(order, first_block):
+            if isinstance(request.request_id, tuple) and key not in case_groups:
+                continue  # a filler that shares no prompt block with any case cannot touch one
+            core = self.core(1, composition.chunk, prefix)
+            core.add_request(Request(request.request_id, request.prompt_ids, request.params,
+                                     cache_salt=request.cache_salt))
+            waits = list(earlier.get(key, [])) if key is not None else []
+            self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits)))
+            if key is not None:
+                earlier.setdefault(key, []).append(core)
+
+
+def _first_block(request: Request, block_size: int) -> Any:
+    """The key of a request's first full prompt block (None: shorter than one block, shares nothing)."""
+    hashes = block_hashes(request.prompt_ids[:block_size], block_size, request.cache_salt)
+    return hashes[0] if hashes else None
