@@ -1,69 +1,86 @@
-"""`flakecheck bench run`: the cost of everything `run` adds on top of generating.
+"""`flakecheck bench run`: a whole run, simulated against physical replay, on the same work.
 
-Both sides do the same engine work in the same process: `generation` replays the demo cases
-under the default compositions through a fresh engine and keeps the completions; `run` is
-`run_suite` on the same cases (replay + analysis + grading + parquet + meta + HTML).
-The two alternate, and the medians are compared: overhead = median(run) / median(generation).
+Both sides are `run_suite` on the first 24 demo cases under the six default compositions (split-K
+kernels, SmolLM2, bf16) in one process: `physical` replays each composition alone through one
+engine, `simulated` runs every composition at once in shared forward passes. The sides alternate
+(simulated, physical, simulated, ...) so load from other processes falls on both; the medians
+give `speedup_vs_physical`. `bitwise_equal` says whether every table (token ids, logprobs, top-2,
+statuses) came out identical. `overhead` is the simulated run's wall time over its replay time
+(what analysis, grading and writing add). Peak memory is the process's maximum resident set.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
+
+import flakecheck
 from flakecheck.compositions import DEFAULT_COMPOSITIONS
-from flakecheck.engine import LLMEngine, encode_prompt, load_model
-from flakecheck.kernels import get_ops
-from flakecheck.replay import CaseRequest, replay
+from flakecheck.engine import load_model
+from flakecheck.rundir import RunData
 from flakecheck.suite import load_suite
 
 DEMO = Path(__file__).resolve().parents[2] / "suites" / "demo.jsonl"
 
 
-def main(json_out: bool = False, quick: bool = False) -> None:
-    n_cases, repeats = (4, 1) if quick else (32, 2)
-    compositions = list(DEFAULT_COMPOSITIONS[:2] if quick else DEFAULT_COMPOSITIONS)
-    max_tokens = 8 if quick else 64
-    model = load_model("smollm2", "bfloat16")
+def main(json_out: bool = False, quick: bool = False, cases: int | None = None, repeats: int | None = None,
+         model: str = "smollm2") -> dict[str, Any]:
+    n_cases = cases or (4 if quick else 24)
+    n_repeats = repeats or 1
+    compositions = list(DEFAULT_COMPOSITIONS[:3] if quick else DEFAULT_COMPOSITIONS)
+    loaded = load_model(model, "bfloat16")
     suite = load_suite(DEMO).select(limit=n_cases)
     if quick:  # short answers: a smoke test of the benchmark itself
-        suite = replace(suite, cases=[replace(c, max_tokens=min(c.max_tokens or max_tokens, max_tokens))
-                                      for c in suite.cases])
-    requests = [CaseRequest(c.id, encode_prompt(model, c.input), c.max_tokens or max_tokens) for c in suite.cases]
-
-    def generation() -> float:
-        t0 = time.perf_counter()
-        engine = LLMEngine(model, get_ops("splitk"))
-        for composition in compositions:
-            replay(engine, requests, composition, 0)
-        return time.perf_counter() - t0
-
-    def full_run() -> float:
-        import flakecheck
-
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            flakecheck.run_suite(suite, model=model, kernels="splitk", compositions=compositions,
-                                 max_tokens=max_tokens, out=Path(tmp) / "run")
-            return time.perf_counter() - t0
-
-    gen_s, run_s = [], []
-    for _ in range(repeats):
-        gen_s.append(generation())
-        run_s.append(full_run())
+        suite = replace(suite, cases=[replace(c, max_tokens=min(c.max_tokens or 8, 8)) for c in suite.cases])
+    times: dict[str, list[float]] = {"simulated": [], "physical": []}
+    runs: dict[str, RunData] = {}
+    overheads: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(n_repeats):
+            for mode in ("simulated", "physical"):
+                t0 = time.perf_counter()
+                run = flakecheck.run_suite(suite, model=loaded, kernels="splitk", compositions=compositions,
+                                           out=Path(tmp) / f"{mode}-{i}", html=False, replay=mode)
+                times[mode].append(time.perf_counter() - t0)
+                runs[mode] = run
+                if mode == "simulated":
+                    overheads.append(times[mode][-1] / run.meta["timings"]["replay_s"])
+                if not json_out:
+                    print(f"{mode:9s} {times[mode][-1]:8.1f} s", file=sys.stderr, flush=True)
+    simulated_s, physical_s = statistics.median(times["simulated"]), statistics.median(times["physical"])
     result = {
         "bench": "run",
-        "cases": len(requests),
+        "model": model,
+        "kernels": "splitk",
+        "cases": len(suite.cases),
         "compositions": len(compositions),
-        "generation_s": round(statistics.median(gen_s), 3),
-        "run_s": round(statistics.median(run_s), 3),
-        "overhead": round(statistics.median(run_s) / statistics.median(gen_s), 4),
-        "repeats": repeats,
+        "repeats": n_repeats,
+        "simulated_s": round(simulated_s, 2),
+        "physical_s": round(physical_s, 2),
+        "speedup_vs_physical": round(physical_s / simulated_s, 2),
+        "bitwise_equal": _same(runs["simulated"], runs["physical"]),
+        "overhead": round(statistics.median(overheads), 4),
+        "generated_tokens": int(runs["simulated"].runs.n_tokens.sum()),
+        "simulation": {k: v for k, v in runs["simulated"].meta["replay_stats"].items() if k != "mode"},
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
-    if not json_out:
-        print(f"generation {gen_s}  run {run_s}")
     print(json.dumps(result))
+    return result
+
+
+def _same(a: RunData, b: RunData) -> bool:
+    for table in ("runs", "tokens", "cases"):
+        try:
+            pd.testing.assert_frame_equal(getattr(a, table), getattr(b, table), check_exact=True)
+        except AssertionError:
+            return False
+    return True
