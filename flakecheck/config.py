@@ -16,11 +16,11 @@ from typing import Any
 
 from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.errors import UserError
+from flakecheck.input_format import INPUT_FORMATS
 
 DEFAULT_MODEL = "smollm2"
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 REPLAY_MODES = ("auto", "simulated", "physical")
-INPUT_FORMATS = ("auto", "chat", "raw")
 
 
 @dataclass(frozen=True)

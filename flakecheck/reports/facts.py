@@ -11,22 +11,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from flakecheck.rundir import STATUSES, RunData
 
 DIVERGED = ("flaky", "verdict_flaky")
+# The summary warns about empty answers when at least this share of the cases (and at least one) has an empty
+# reference answer: an instruct model sent a question without its chat template often ends its turn at once.
+EMPTY_ANSWER_WARN_SHARE = 0.10
 
 
 def clean(value: Any) -> Any:
-    """A parquet cell as plain Python: NaN/NA/None -> None, numpy scalars -> int/float/bool."""
+    """A parquet cell as plain Python: NaN/NA/None -> None, numpy scalars -> int/float/bool, and a list cell
+    (a numpy array from pyarrow) -> a list of those, whatever its length: a one-token output stays a list."""
     if value is None or value is pd.NA or value is pd.NaT:
         return None
-    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
-        try:
-            value = value.item()
-        except (ValueError, AttributeError):
-            return value
+    if isinstance(value, np.ndarray):
+        return [clean(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float) and math.isnan(value):
         return None
     return value
@@ -71,6 +75,7 @@ class RunFacts:
     compositions: list[CompositionFacts]
     command: str | None
     meta: dict[str, Any] = field(repr=False)
+    empty_answers: list[str] = field(default_factory=list)  # cases whose reference answer is empty or blank
 
     @property
     def n_diverged(self) -> int:
@@ -116,7 +121,28 @@ def gather(run: RunData) -> RunFacts:
         compositions=_composition_facts(run.runs, names, reference),
         command=meta.get("command"),
         meta=meta,
+        empty_answers=_empty_answers(run.runs, reference),
     )
+
+
+def _empty_answers(runs: pd.DataFrame, reference: str) -> list[str]:
+    ref = runs[(runs["composition"] == reference) & (runs["repeat"] == 0)]
+    return sorted(str(case_id) for case_id, text in zip(ref["case_id"], ref["text"])
+                  if not str(clean(text) or "").strip())
+
+
+def empty_answer_warning(facts: RunFacts) -> str | None:
+    """'12 of 40 cases produced an empty answer — is the input format right?' when at least
+    EMPTY_ANSWER_WARN_SHARE of the cases (and at least one) have an empty reference answer, else None."""
+    n = len(facts.empty_answers)
+    if not n or n < EMPTY_ANSWER_WARN_SHARE * facts.n_cases:
+        return None
+    text = f"{n} of {facts.n_cases} cases produced an empty answer — is the input format right?"
+    applied = facts.meta.get("input_format")
+    if isinstance(applied, dict) and applied.get("raw") and applied.get("chat_template"):
+        text += (f" ({applied['raw']} case(s) were sent as raw text; a 'prompt' is always raw, and "
+                 "--input-format chat sends every string as a user message)")
+    return text
 
 
 def _composition_facts(runs: pd.DataFrame, names: list[str], reference: str) -> list[CompositionFacts]:

@@ -26,6 +26,7 @@ from flakecheck.reports.facts import (
     DIVERGED,
     RunFacts,
     clean,
+    empty_answer_warning,
     fmt_gap,
     fmt_rate,
     fmt_step,
@@ -113,6 +114,7 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
         data_json=script_json(data), css=Markup((TEMPLATES / "report.css").read_text()),
         js=Markup((TEMPLATES / "report.js").read_text()), meta=run.meta, fmt_gap=fmt_gap, fmt_step=fmt_step,
         fmt_rate=fmt_rate, flaky_rate=fmt_rate(facts.flaky_rate), meta_json=_pretty_meta(run.meta),
+        empty_warning=empty_answer_warning(facts),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flakecheck.reports.facts import gather, next_command
+from flakecheck.reports.facts import empty_answer_warning, gather, next_command
 from flakecheck.rundir import RunData
 
 
@@ -31,6 +31,9 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
         "counts": facts.counts,
         "flaky_rate": facts.flaky_rate,
         "verdict_flips": facts.verdict_flips,
+        "empty_answers": {"count": len(facts.empty_answers), "case_ids": facts.empty_answers,
+                          "warning": empty_answer_warning(facts)},
+        "input_format": facts.meta.get("input_format"),
         "compositions": [
             {"name": c.name, "reference": c.is_reference, "diverged_cases": c.diverged_cases,
              "verdict_changes": c.verdict_changes}

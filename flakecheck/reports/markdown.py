@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from flakecheck.reports.facts import RunFacts, fmt_gap, fmt_rate, fmt_step, gather, next_command
+from flakecheck.reports.facts import RunFacts, empty_answer_warning, fmt_gap, fmt_rate, fmt_step, gather, next_command
 from flakecheck.rundir import STATUSES, RunData
 
 MARKDOWN_SPECIALS = str.maketrans({c: f"\\{c}" for c in "\\`*_[]|~"})
@@ -39,6 +39,9 @@ def markdown_from_facts(facts: RunFacts, top: int = 10) -> str:
         share = facts.counts[status] / facts.n_cases if facts.n_cases else 0.0
         lines.append(f"| {status} | {facts.counts[status]} | {fmt_rate(share)} |")
     lines.append("")
+    warning = empty_answer_warning(facts)
+    if warning:
+        lines += [f"> **Warning:** {md_text(warning, 500)}", ""]
     if facts.verdict_flips:
         ids = ", ".join(md_text(c, 80) for c in facts.verdict_flips[:50])
         more = f" (+{len(facts.verdict_flips) - 50} more)" if len(facts.verdict_flips) > 50 else ""

@@ -6,7 +6,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from flakecheck.reports.facts import RunFacts, fmt_gap, fmt_rate, fmt_step, gather, next_command
+from flakecheck.reports.facts import (
+    RunFacts,
+    empty_answer_warning,
+    fmt_gap,
+    fmt_rate,
+    fmt_step,
+    gather,
+    next_command,
+)
 from flakecheck.rundir import STATUSES, RunData
 
 STATUS_STYLE = {"stable": "green", "fragile": "yellow", "flaky": "magenta", "verdict_flaky": "bold red"}
@@ -25,6 +33,9 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
     facts = gather(run)
     console.print(_header(facts))
     console.print(_counts_table(facts))
+    warning = empty_answer_warning(facts)
+    if warning:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}")
     if facts.verdict_flips:
         shown = ", ".join(escape(str(c)) for c in facts.verdict_flips[:20])
         more = f" (+{len(facts.verdict_flips) - 20} more)" if len(facts.verdict_flips) > 20 else ""
