@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from flakecheck.analysis import Thresholds, analyse
 from flakecheck.checks import check_label, parse_check
-from flakecheck.replay import Trace
+from flakecheck.grading import grade_traces
 from flakecheck.rundir import (
     CASES_SCHEMA,
     RUNS_SCHEMA,
@@ -27,6 +27,7 @@ from flakecheck.rundir import (
     write_table,
 )
 from flakecheck.suite import Case
+from flakecheck.traces import Trace
 
 SCRIPT = "<script>alert(1)</script>"
 # Token texts: the empty string (an end-of-turn token decodes to nothing), whitespace, non-ASCII, markup that
@@ -81,7 +82,9 @@ def write_run(path: Path, spec: RunSpec) -> RunData:
     traces = [trace(c.case_id, comp, ids, c.gaps)
               for c in spec.cases for comp, ids in zip(spec.compositions, c.outputs)]
     thresholds = Thresholds(gap_threshold=spec.gap_threshold)
-    tables = analyse(traces, cases, spec.compositions[0], thresholds, decode, token_text)
+    verdicts = grade_traces(traces, cases, decode)
+    tables = analyse(traces, cases, spec.compositions[0], thresholds, decode, token_text, verdicts=verdicts,
+                     dtype=spec.dtype)
     write_table(path / "runs.parquet", to_table(tables.runs, RUNS_SCHEMA))
     write_table(path / "tokens.parquet", to_table(tables.tokens, TOKENS_SCHEMA))
     write_table(path / "cases.parquet", to_table(tables.cases, CASES_SCHEMA))
