@@ -87,12 +87,15 @@ def gate(
     quarantine: Path | None = typer.Option(None, help="file of case ids with reason and expiry"),
     junit: Path | None = typer.Option(None, help="write JUnit XML here"),
     markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
+    max_score_swing: float | None = typer.Option(None, help="fail when the score swing (best-case minus worst-case "
+                                                 "score over compositions) exceeds this many percentage points"),
 ) -> None:
     from flakecheck.gate import gate_command
 
     raise typer.Exit(gate_command(
         run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
         fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
+        max_score_swing=max_score_swing,
     ))
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from rich.console import Console
 
+from flakecheck.flip_kind import FLIP_KINDS
 from flakecheck.gate import evaluate
 from flakecheck.junit import junit_tree, xml_text
 from flakecheck.reports.facts import clean
@@ -75,6 +76,7 @@ def check_every_format(run: RunData) -> None:
     render_summary(run, Console(file=out, width=100, color_system=None))
     text = out.getvalue()
     assert all(f"{s}" in text for s in STATUSES)
+    assert ("score swing" in text) == bool(run.runs.passed.notna().any())
     line = summary_line(run)
     assert all(f"{counts[s]} {s}" in line for s in STATUSES) and "\n" not in line
 
@@ -90,6 +92,16 @@ def check_every_format(run: RunData) -> None:
     assert {c["case_id"] for c in report["top"]} == {str(c) for c in run.cases[run.cases.status != "stable"].case_id}
     assert set(report["empty_answers"]["case_ids"]) == _empty_reference_answers(run)
 
+    # flips and score swing: the json states what the tables hold
+    kinds = run.cases.flip_kind.dropna()
+    assert report["flips"]["counts"] == {k: int((kinds == k).sum()) for k in FLIP_KINDS}
+    assert (run.cases.flip_kind.isna() == run.cases.gap_at_divergence.isna()).all()
+    graded = run.runs.dropna(subset=["passed"]).groupby("case_id").passed
+    worst, best = (graded.all().mean(), graded.any().mean()) if len(graded) else (None, None)
+    score = report["score"]
+    assert score["n_graded"] == len(graded) and score["worst_case"] == worst and score["best_case"] == best
+    swings = bool(score["swing_pp"])
+
     # html: one row per case, and the only <script> elements are the report's own two (data + code)
     page = render_html(run)
     parsed = _HtmlFacts()
@@ -98,6 +110,8 @@ def check_every_format(run: RunData) -> None:
     assert sorted(parsed.row_ids) == ids
     assert len(parsed.scripts) == 2 and not any("alert(1)" in s for s in parsed.scripts[1:])
     assert SCRIPT not in page
+    assert ('id="score-swing"' in page) == bool(score["n_graded"])
+    assert ("from batch composition alone" in page) == swings
     json.loads(parsed.scripts[0])  # the data blob stays valid JSON
 
     # junit and the gate's markdown: every case is a testcase; nothing unescaped
@@ -109,6 +123,9 @@ def check_every_format(run: RunData) -> None:
     assert int(root.get("failures") or -1) == sum(1 for _ in root.iter("failure"))
     gate_md = gate_markdown(result)
     assert "<script" not in gate_md and ("passed" in gate_md or "failed" in gate_md)
+    suite_props = {p.get("name") for p in root.find("testsuite").find("properties")}
+    assert ("score_swing_pp" in suite_props) == bool(score["n_graded"])
+    assert ("from batch composition alone" in gate_md) == swings and ("Score swing" in md) == bool(score["n_graded"])
 
 
 @PROPERTY_SETTINGS
