@@ -14,9 +14,11 @@ Logprob gaps equal logit gaps: log-softmax subtracts one constant from every log
 on the logit's magnitude (in bf16 it is 1/32 for logits in [4, 8), 1/8 in [16, 32)), so the classifier takes
 the reference's top-1 logit at that step; the runner-up's logit is top-1 − gap and the larger magnitude of
 the two sets the ulp. When the logit is unknown (a run directory without the `top1_logit` column, or a
-server that reports only logprobs) the ulp is taken at |logit| = 1 (UNKNOWN_LOGIT_MAGNITUDE): the smallest
-one ulp of any logit of magnitude ≥ 1, so a `tie` is then claimed only where it is one for every such logit,
-and the other gaps fall to `near_tie` or `confident` by the threshold as usual.
+server that reports only logprobs) neither strong claim is made unless it holds for every plausible
+magnitude, |logit| in UNKNOWN_LOGIT_RANGE = [1, 64) (greedy top-1 logits of language models sit there):
+`tie` only if the gap is within one ulp at |logit| = 1 (the smallest such ulp), `confident` only if it is
+at or above the threshold and above one ulp at |logit| = 64 (the largest: 0.5 in bf16); every other gap is
+a `near_tie`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ FLIP_KINDS = ("tie", "near_tie", "confident")
 # explicit mantissa bits and the smallest normal exponent of each floating-point format
 FORMATS = {"bfloat16": (7, -126), "float16": (10, -14), "float32": (23, -126)}
 ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-UNKNOWN_LOGIT_MAGNITUDE = 1.0
+UNKNOWN_LOGIT_RANGE = (1.0, 64.0)
 FP32_SLACK_ULPS = 4  # the fp32 log-softmax and the stored fp32 logprobs round the gap by a few fp32 ulps
 
 
@@ -49,11 +51,10 @@ def ulp(value: float, dtype: str) -> float:
     return 2.0 ** (max(exponent, min_exponent) - bits)
 
 
-def noise_floor(gap: float, logit: float | None, dtype: str) -> float:
+def noise_floor(gap: float, logit: float, dtype: str) -> float:
     """One ulp of the two candidates' logits in `dtype` plus the fp32 slack: the largest gap that is a tie."""
-    top1 = UNKNOWN_LOGIT_MAGNITUDE if logit is None else logit
-    magnitude = max(abs(top1), abs(top1 - gap))
-    return ulp(magnitude, dtype) + FP32_SLACK_ULPS * ulp(max(magnitude, UNKNOWN_LOGIT_MAGNITUDE), "float32")
+    magnitude = max(abs(logit), abs(logit - gap))
+    return ulp(magnitude, dtype) + FP32_SLACK_ULPS * ulp(max(magnitude, 1.0), "float32")
 
 
 def classify_flip(gap: float | None, logit: float | None, dtype: str, threshold: float) -> str | None:
@@ -62,8 +63,10 @@ def classify_flip(gap: float | None, logit: float | None, dtype: str, threshold:
     if gap is None or not math.isfinite(gap):
         return None
     gap = max(gap, 0.0)
-    if logit is not None and not math.isfinite(logit):
-        logit = None
-    if gap <= noise_floor(gap, logit, dtype):
+    if logit is not None and math.isfinite(logit):
+        tie_below = above = noise_floor(gap, logit, dtype)
+    else:  # unknown: a tie at the smallest plausible magnitude, no noise even at the largest
+        tie_below, above = (noise_floor(gap, m, dtype) for m in UNKNOWN_LOGIT_RANGE)
+    if gap <= tie_below:
         return "tie"
-    return "near_tie" if gap < threshold else "confident"
+    return "near_tie" if gap < threshold or gap <= above else "confident"

@@ -110,13 +110,13 @@ def test_analysis_takes_the_verdicts_it_is_given() -> None:
 
 
 def test_flip_kind_at_the_first_divergence() -> None:
-    """The reference's gap at the divergence step against one bf16 ulp (logit unknown: |logit| = 1, 2**-7)
-    and the 0.05 threshold."""
+    """The reference's gap at the divergence step, logit unknown: a tie within one bf16 ulp at |logit| = 1
+    (2**-7), confident at or above 0.05 and above one ulp at |logit| = 64 (0.5), a near-tie between."""
     kinds = {}
-    for gap in (0.0, 0.02, 0.5):
+    for gap in (0.0, 0.02, 1.0):
         traces = [_trace("a", "solo", [1, 2], [1.0, gap]), _trace("a", "b", [1, 3], [1.0, 1.0])]
         kinds[gap] = _analyse(traces, [_case("a")], Thresholds(0.05, 50)).cases[0]["flip_kind"]
-    assert kinds == {0.0: "tie", 0.02: "near_tie", 0.5: "confident"}
+    assert kinds == {0.0: "tie", 0.02: "near_tie", 1.0: "confident"}
     stable = [_trace("a", "solo", [1, 2], [1.0, 0.0]), _trace("a", "b", [1, 2], [1.0, 0.0])]
     assert _analyse(stable, [_case("a")], Thresholds()).cases[0]["flip_kind"] is None
     longer = [_trace("a", "solo", [1], [0.0]), _trace("a", "b", [1, 3], [1.0, 1.0])]  # the reference had ended
@@ -124,9 +124,12 @@ def test_flip_kind_at_the_first_divergence() -> None:
 
 
 def test_flip_kind_uses_the_reference_logit_when_the_traces_carry_it() -> None:
-    """1/8 is one bf16 ulp at logit 20 (a tie) but 4 at |logit| 1..8: with the logit known it is a tie."""
-    ref = _trace("a", "solo", [1, 2], [1.0, 0.125])
-    traces = [ref, _trace("a", "b", [1, 3], [1.0, 1.0])]
-    assert _analyse(traces, [_case("a")], Thresholds(0.05, 50)).cases[0]["flip_kind"] == "confident"
-    object.__setattr__(ref, "top1_logits", [21.0, 20.0])  # what the traces carry once the engine logs it
-    assert _analyse(traces, [_case("a")], Thresholds(0.05, 50)).cases[0]["flip_kind"] == "tie"
+    """1/8 is one bf16 ulp at logit 20 (a tie) but four at logit 5 (confident); unknown, it is neither."""
+    kinds = []
+    for logits in (None, [21.0, 20.0], [6.0, 5.0]):
+        ref = _trace("a", "solo", [1, 2], [1.0, 0.125])
+        if logits is not None:
+            object.__setattr__(ref, "top1_logits", logits)  # what the traces carry once the engine logs it
+        traces = [ref, _trace("a", "b", [1, 3], [1.0, 1.0])]
+        kinds.append(_analyse(traces, [_case("a")], Thresholds(0.05, 50)).cases[0]["flip_kind"])
+    assert kinds == ["near_tie", "tie", "confident"]

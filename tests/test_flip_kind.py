@@ -53,12 +53,17 @@ def test_the_logit_magnitude_sets_the_noise() -> None:
     assert classify_flip(0.125, -15.9, "bfloat16", 0.05) == "tie"
 
 
-def test_unknown_logit_assumes_magnitude_one_conservatively() -> None:
-    one_step_at_1 = 2.0 ** -7  # bf16 spacing of [1, 2)
+def test_unknown_logit_claims_neither_tie_nor_confident_unless_it_holds_for_every_plausible_logit() -> None:
+    one_step_at_1 = 2.0 ** -7  # bf16 spacing of [1, 2): a tie at any |logit| >= 1
     assert classify_flip(one_step_at_1, None, "bfloat16", 0.05) == "tie"
     assert classify_flip(1 / 32, None, "bfloat16", 0.05) == "near_tie"  # a tie only if |logit| >= 4: not claimed
     assert classify_flip(1 / 32, 5.0, "bfloat16", 0.05) == "tie"
-    assert classify_flip(3.0, None, "bfloat16", 0.05) == "confident"
+    # 0.25 is above the threshold, but one bf16 step for logits in [32, 64): not flagged without the logit
+    assert classify_flip(0.25, None, "bfloat16", 0.05) == "near_tie"
+    assert classify_flip(0.25, 5.0, "bfloat16", 0.05) == "confident"
+    assert classify_flip(0.25, 40.0, "bfloat16", 0.05) == "tie"
+    assert classify_flip(0.75, None, "bfloat16", 0.05) == "confident"  # above one step even at |logit| 64
+    assert classify_flip(0.1, None, "float32", 0.05) == "confident"  # fp32 noise is tiny at any magnitude
 
 
 def test_fp32_and_fp16_noise() -> None:

@@ -93,7 +93,9 @@ def score_and_flip_lines(facts: RunFacts) -> list[str]:
     """The score swing and the kinds of first flips, as markdown lines (none when there is nothing to say)."""
     lines = []
     score = facts.score
-    if score.n_graded:
+    if score.n_graded and not score.swing_pp:
+        lines.append(f"- **Score swing:** {swing_sentence(score)} ({score.n_graded} graded cases).")
+    elif score.n_graded:
         lines.append(f"- **Score swing:** {swing_sentence(score)} (worst case: a case passes only if it passes "
                      f"under every composition; best case: under any). Per composition: {score_range(score)}; "
                      f"{score.n_graded} graded cases.")

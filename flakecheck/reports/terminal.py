@@ -72,8 +72,9 @@ def score_lines(facts: RunFacts) -> list[str]:
     score = facts.score
     if not score.n_graded:
         return []
-    style = "bold red" if score.swing_pp else "green"
-    return [f"[{style}]score swing[/]: {escape(swing_sentence(score))}",
+    if not score.swing_pp:
+        return [f"[green]score swing[/]: {escape(swing_sentence(score))} ({score.n_graded} graded cases)"]
+    return [f"[bold red]score swing[/]: {escape(swing_sentence(score))}",
             f"  score per composition {escape(score_range(score) or '—')}; {score.n_graded} graded cases"]
 
 
