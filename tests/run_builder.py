@@ -1,5 +1,6 @@
-"""Run directories built directly from constructed traces (no model): analysis, then the three parquet tables
-and meta.json through flakecheck.rundir's schemas, as `flakecheck run` writes them. Fast enough for hypothesis.
+"""Run directories built directly from constructed traces (no model): grading, analysis, the three parquet
+tables and meta.json through flakecheck.finish.write_run, the writer `flakecheck run` ends with. Fast enough
+for hypothesis.
 
 `run_specs()` draws suites with outputs of 0, 1 and many tokens, empty texts, all-stable, all-flaky and mixed
 suites, cases with and without checks, and ids and token texts with non-ASCII, markup and `<script>` in them.
@@ -13,20 +14,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from flakecheck.analysis import Thresholds, analyse
-from flakecheck.checks import check_label, parse_check
-from flakecheck.grading import grade_traces
-from flakecheck.rundir import (
-    CASES_SCHEMA,
-    RUNS_SCHEMA,
-    TOKENS_SCHEMA,
-    RunData,
-    load_run,
-    to_table,
-    write_json,
-    write_table,
-)
-from flakecheck.suite import Case
+from flakecheck import finish
+from flakecheck.analysis import Thresholds
+from flakecheck.checks import parse_check
+from flakecheck.rundir import RunData, RunDirectory
+from flakecheck.suite import Case, Suite
 from flakecheck.traces import Trace
 
 SCRIPT = "<script>alert(1)</script>"
@@ -78,31 +70,16 @@ def suite_case(spec: CaseSpec, line: int) -> Case:
 
 
 def write_run(path: Path, spec: RunSpec) -> RunData:
+    """The run directory `flakecheck run` would write for these traces, through the same writer."""
     cases = [suite_case(c, i + 1) for i, c in enumerate(spec.cases)]
     traces = [trace(c.case_id, comp, ids, c.gaps)
               for c in spec.cases for comp, ids in zip(spec.compositions, c.outputs)]
-    thresholds = Thresholds(gap_threshold=spec.gap_threshold)
-    verdicts = grade_traces(traces, cases, decode)
-    tables = analyse(traces, cases, spec.compositions[0], thresholds, decode, token_text, verdicts=verdicts,
-                     dtype=spec.dtype)
-    write_table(path / "runs.parquet", to_table(tables.runs, RUNS_SCHEMA))
-    write_table(path / "tokens.parquet", to_table(tables.tokens, TOKENS_SCHEMA))
-    write_table(path / "cases.parquet", to_table(tables.cases, CASES_SCHEMA))
-    meta = {
-        "suite": "built.jsonl", "suite_name": "built", "suite_sha256": "0" * 64, "model": "constructed",
-        "dtype": spec.dtype, "policy": "splitk", "backend": "torch", "profile": "h100",
-        "reference": spec.compositions[0],
-        "compositions": [{"name": n} for n in spec.compositions], "repeat": 1,
-        "thresholds": {"gap_threshold": thresholds.gap_threshold, "gap_window": thresholds.gap_window},
-        "created_at": "2026-12-01T00:00:00+00:00", "command": "flakecheck run built.jsonl", "status": "complete",
-        "n_cases": len(cases),
-        "cases": [{"case_id": c.id, "input": c.input, "targets": list(c.targets),
-                   "checks": [check_label(k) for k in c.checks], "metadata": c.metadata, "line": c.line}
-                  for c in cases],
-        **spec.meta_extra,
-    }
-    write_json(path / "meta.json", meta)
-    return load_run(path)
+    meta = {"model": "constructed", "dtype": spec.dtype, "policy": "splitk", "backend": "torch", "profile": "h100",
+            "compositions": [{"name": n} for n in spec.compositions], "repeat": 1,
+            "command": "flakecheck run built.jsonl", **spec.meta_extra}
+    return finish.write_run(RunDirectory(path), Suite(Path("built.jsonl"), cases, "0" * 64), traces,
+                            spec.compositions[0], Thresholds(gap_threshold=spec.gap_threshold),
+                            finish.TokenTexts(decode, token_text), meta, {})
 
 
 # ------------------------------------------------------------------------------------------------ strategies

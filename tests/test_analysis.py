@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import given
@@ -127,9 +128,7 @@ def test_flip_kind_uses_the_reference_logit_when_the_traces_carry_it() -> None:
     """1/8 is one bf16 ulp at logit 20 (a tie) but four at logit 5 (confident); unknown, it is neither."""
     kinds = []
     for logits in (None, [21.0, 20.0], [6.0, 5.0]):
-        ref = _trace("a", "solo", [1, 2], [1.0, 0.125])
-        if logits is not None:
-            object.__setattr__(ref, "top1_logits", logits)  # what the traces carry once the engine logs it
+        ref = dataclasses.replace(_trace("a", "solo", [1, 2], [1.0, 0.125]), top1_logits=logits)
         traces = [ref, _trace("a", "b", [1, 3], [1.0, 1.0])]
         kinds.append(_analyse(traces, [_case("a")], Thresholds(0.05, 50)).cases[0]["flip_kind"])
     assert kinds == ["near_tie", "tie", "confident"]
