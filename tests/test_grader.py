@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flakecheck import replay as replay_module
+from flakecheck import simulation
 from flakecheck.errors import UserError
 from flakecheck.grader import GradeRequest, GraderError, GraderSpec, grader_spec, run_grader
 from flakecheck.grading import grade_traces
@@ -182,7 +183,9 @@ def test_a_failing_grader_keeps_the_outputs_and_resume_grades_them_without_repla
     assert f"kept in {out / 'partial'}" in flat and "--resume" in flat and "Traceback" not in err
     assert len(list((out / "partial").glob("*.parquet"))) == 2 and not (out / "runs.parquet").exists()
 
-    monkeypatch.setattr(replay_module, "replay", lambda *a, **k: pytest.fail("resume replayed a composition"))
+    replayed = lambda *a, **k: pytest.fail("resume replayed a composition")
+    monkeypatch.setattr(replay_module, "replay", replayed)  # physical replay
+    monkeypatch.setattr(simulation, "simulate", replayed)  # simulated replay
     good = f"{shlex.quote(sys.executable)} {tmp_path / 'ok.py'}"
     code, _, err = cli_run(monkeypatch, capsys, *_args(tmp_path, tiny_wide_model_dir, out, good, "--resume"))
     assert code == 0, err
