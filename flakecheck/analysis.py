@@ -9,18 +9,24 @@ gap_i = top1 - top2 logprob at step i and tau = the gap threshold: the chance th
 step flips if a step with gap g flips with probability exp(-g / tau). A tie (gap 0) gives 1, one
 step at the threshold alone gives e^-1 = 0.37, and a gap of 10 tau adds only 5e-5. A case with
 no generated tokens has risk 0.
+
+flip_kind classifies each diverged case's first divergence as a tie, a near-tie or a confident flip from
+the reference's gap there and the run's dtype (see flakecheck.flip_kind). Verdicts come in from outside
+(flakecheck.grading: the suite's checks or an external grader); analysis never grades.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flakecheck.checks import grade
+from flakecheck.flip_kind import classify_flip
 from flakecheck.suite import Case
 from flakecheck.traces import Trace
+
+VerdictKey = tuple[str, str, int]  # (case_id, composition, repeat)
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,14 @@ def case_status(diverged: bool, verdict_flip: bool, near_ties: int) -> str:
 
 
 def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thresholds: Thresholds,
-            decode: Callable[[list[int]], str], token_text: Callable[[int], str]) -> Tables:
-    """Traces (in composition order) of every case -> runs, tokens and cases rows."""
+            decode: Callable[[list[int]], str], token_text: Callable[[int], str], *,
+            verdicts: Mapping[VerdictKey, bool | None], dtype: str | None = None) -> Tables:
+    """Traces (in composition order) of every case -> runs, tokens and cases rows.
+
+    `verdicts` holds every trace's pass/fail (None: ungraded) by (case_id, composition, repeat), computed
+    before (flakecheck.grading). `dtype` is the dtype the logits were computed in, for flip_kind; None
+    (unknown, e.g. a server) classifies as fp32, the smallest noise, so a tie is never over-claimed.
+    """
     by_case: dict[str, list[Trace]] = {}
     for trace in traces:
         by_case.setdefault(trace.case_id, []).append(trace)
@@ -78,24 +90,31 @@ def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thre
     for case in cases:
         case_traces = by_case[case.id]
         ref = next(t for t in case_traces if t.composition == reference and t.repeat == 0)
-        tables.cases.append(_analyse_case(case, case_traces, ref, thresholds, decode, token_text, tables))
+        tables.cases.append(_analyse_case(case, case_traces, ref, thresholds, decode, token_text, tables,
+                                          verdicts, dtype or "float32"))
     return tables
 
 
+def reference_logit(ref: Trace, step: int) -> float | None:
+    """The reference's raw top-1 logit at `step`, where the traces carry it (None otherwise)."""
+    logits = ref.top1_logits
+    if not logits or step >= len(logits) or logits[step] is None:
+        return None
+    return float(logits[step])
+
+
 def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thresholds,
-                  decode: Callable[[list[int]], str], token_text: Callable[[int], str], tables: Tables) -> dict:
+                  decode: Callable[[list[int]], str], token_text: Callable[[int], str], tables: Tables,
+                  verdicts_by_trace: Mapping[VerdictKey, bool | None], dtype: str) -> dict:
     earliest: tuple[int, Trace] | None = None
     verdicts: list[bool] = []
     texts: dict[tuple[int, ...], str] = {}  # most compositions reproduce the reference: decode it once
-    graded: dict[str, bool | None] = {}  # identical outputs are graded once (a regex may take its full timeout)
     for trace in traces:
         divergence = first_divergence(ref.token_ids, trace.token_ids)
         text = texts.get(tuple(trace.token_ids))
         if text is None:
             text = texts[tuple(trace.token_ids)] = decode(trace.token_ids)
-        if text not in graded:
-            graded[text] = grade(text, case.checks, case.targets)
-        passed = graded[text]
+        passed = verdicts_by_trace[(case.id, trace.composition, trace.repeat)]
         if passed is not None:
             verdicts.append(passed)
         if divergence is not None and (earliest is None or divergence < earliest[0]):
@@ -124,7 +143,7 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
         "n_compositions": len({t.composition for t in traces}),
         "n_distinct_outputs": len({tuple(t.token_ids) for t in traces}),
         "first_divergence": None, "divergence_composition": None, "ref_token": None, "alt_token": None,
-        "gap_at_divergence": None,
+        "gap_at_divergence": None, "flip_kind": None,
         "min_gap": min(window) if window else None,
         "n_near_ties": near_ties,
         "pass_rate": sum(verdicts) / len(verdicts) if verdicts else None,
@@ -133,12 +152,13 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
     }
     if earliest is not None:
         step, trace = earliest
+        gap = (ref.top1_logprobs[step] - ref.top2_logprobs[step]) if step < len(ref.token_ids) else None
         row.update({
             "first_divergence": step,
             "divergence_composition": run_label(trace.composition, trace.repeat),
             "ref_token": token_text(ref.token_ids[step]) if step < len(ref.token_ids) else None,
             "alt_token": token_text(trace.token_ids[step]) if step < len(trace.token_ids) else None,
-            "gap_at_divergence": (ref.top1_logprobs[step] - ref.top2_logprobs[step])
-            if step < len(ref.token_ids) else None,
+            "gap_at_divergence": gap,
+            "flip_kind": classify_flip(gap, reference_logit(ref, step), dtype, thresholds.gap_threshold),
         })
     return row

@@ -7,7 +7,12 @@
 A run is plan -> replay -> analyse -> write: `prepare` checks everything (settings, suite, model,
 prompt lengths) before the first byte is written; the replay saves each finished composition under
 partial/ at once (Ctrl-C loses at most what is in flight, `resume=True` continues); `write_run`
-analyses the traces and writes the run directory.
+analyses the traces and writes the run directory. If report.html then fails to render, the run
+directory is still complete: `run_suite` raises flakecheck.reports.finished.ReportError, whose `run`
+is the loaded run and whose message gives the `flakecheck report` command that renders it again.
+With `grader=` (an argv list or a command string, see flakecheck.grader) an external process grades
+the outputs instead of the suite's checks; if it fails, the replayed outputs stay in partial/ and
+`resume=True` grades them again without replaying.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ from flakecheck.config import RunConfig, config_from_options, parse_ids
 from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, load_model
 from flakecheck.errors import UserError
 from flakecheck.finish import TokenTexts, write_run
+from flakecheck.grader import GraderSpec, grader_spec
+from flakecheck.grading import grade_run, memo_decode
+from flakecheck.input_format import encode_inputs, has_chat_template, resolve_inputs
 from flakecheck.replay import CaseRequest, replay_runs
+from flakecheck.reports.finished import ReportError, show_finished_run, write_report_html
 from flakecheck.rundir import RunData, RunDirectory, load_run
 from flakecheck.suite import Suite, check_prompt_lengths, load_suite
 
@@ -77,17 +86,21 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
     traces, timings["replay_s"], replayed = _replay(prepared, resume, progress)
     with _interruptible(prepared):
         loaded = prepared.model
+        texts = TokenTexts(memo_decode(lambda ids: decode_tokens(loaded, ids)), _token_texts(loaded))
+        t0 = time.perf_counter()
+        grader = GraderSpec(config.grader, config.grader_timeout) if config.grader else None
+        verdicts = grade_run(traces, prepared.suite.cases, texts.decode, grader, prepared.directory.partial_dir,
+                             config.resume_command(prepared.directory.path))
+        timings["grading_s"] = time.perf_counter() - t0
         run = write_run(prepared.directory, prepared.suite, traces, config.compositions[0].name,
-                        Thresholds(config.gap_threshold, config.gap_window),
-                        TokenTexts(lambda ids: decode_tokens(loaded, ids), _token_texts(loaded)),
-                        {**_meta(prepared), "replay": replayed["mode"], "replay_stats": replayed}, timings)
-    if config.html:
-        from flakecheck.reports.html import write_html
-
-        write_html(run, prepared.directory.html_path)
+                        Thresholds(config.gap_threshold, config.gap_window), texts,
+                        {**_meta(prepared), "replay": replayed["mode"], "replay_stats": replayed}, timings, verdicts)
+    report_error = write_report_html(run, prepared.directory.html_path) if config.html else None
     timings["total_s"] = time.perf_counter() - started
     run.meta["timings"] = timings
     prepared.directory.write_meta(run.meta)
+    if report_error is not None:
+        raise report_error  # the run directory is complete; the error carries the run and the rerender command
     return run
 
 
@@ -101,9 +114,12 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
                         "(slow; meant for small tests): use --backend torch or auto")
     if resume and config.out is None:
         raise UserError("--resume needs --out DIR (the interrupted run directory)")
+    if config.grader:
+        grader_spec(config.grader, config.grader_timeout)  # the program exists: fail before a long replay
     loaded = model if model is not None else load_model(config.model, config.dtype)
     context = loaded.config.max_context
-    prompt_ids = {case.id: encode_prompt(loaded, case.input) for case in suite_obj.cases}
+    prompt_ids, _ = encode_inputs(suite_obj, config.input_format, has_chat_template(loaded.tokenizer),
+                                  lambda prompt: encode_prompt(loaded, prompt))
     check_prompt_lengths(suite_obj, lambda case: len(prompt_ids[case.id]), context, config.max_tokens)
     for comp in config.compositions:
         longest_filler = comp.fillers.prompt_len[1] + comp.fillers.output_len[1]
@@ -189,6 +205,10 @@ def _meta(prepared: PreparedRun) -> dict[str, Any]:
         "max_tokens": config.max_tokens,
         "repeat": config.repeat,
         "compositions": [c.to_dict() for c in config.compositions],
+        # what was sent: the setting, whether the model has a chat template, how many cases went as chat / raw
+        "input_format": resolve_inputs(prepared.suite, config.input_format,
+                                       has_chat_template(loaded.tokenizer))[1].to_dict(),
+        "grader": GraderSpec(config.grader, config.grader_timeout).to_dict() if config.grader else None,
         "device": {"type": "cpu", "processor": platform.processor() or platform.machine(),
                    "threads": torch.get_num_threads(), "platform": platform.platform()},
     }
@@ -199,8 +219,6 @@ def run_from_cli(*, suite: Path, compositions_file: Path | None, composition_spe
     """`flakecheck run`: the API call, a progress bar, then the terminal summary."""
     from rich.console import Console
 
-    from flakecheck.reports.terminal import render_summary, summary_line
-
     compositions = resolve_compositions(compositions_file, composition_specs)
     config = config_from_options(suite, compositions, ids=parse_ids(ids), **options)
     try:
@@ -208,10 +226,10 @@ def run_from_cli(*, suite: Path, compositions_file: Path | None, composition_spe
     except RunInterrupted as exc:
         Console(stderr=True).print(f"[yellow]{exc}[/yellow]")
         sys.exit(130)
-    if quiet:
-        print(summary_line(run))  # one line whatever the terminal width: scripts grep it
+    except ReportError as exc:
+        show_finished_run(exc.run, quiet, exc)
     else:
-        render_summary(run, Console())
+        show_finished_run(run, quiet)
 
 
 __all__ = ["REFERENCE", "RunConfig", "RunData", "RunInterrupted", "execute", "load_run", "run_suite"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from flakecheck.errors import UserError
+from flakecheck.grader import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 
 app = typer.Typer(
     add_completion=False,
@@ -47,6 +48,9 @@ def run(
     input_format: str = typer.Option("auto", help="auto | chat | raw: how a string `input` is sent"),
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
+    grader: str | None = typer.Option(None, help="grade outputs with this command instead of the suite's checks: "
+                                      "JSONL on its stdin and stdout (see the README), e.g. 'python grade.py'"),
+    grader_timeout: float = typer.Option(GRADER_TIMEOUT_S, help="seconds the --grader process may take"),
 ) -> None:
     from flakecheck.api import run_from_cli
 
@@ -55,6 +59,7 @@ def run(
         compositions_file=compositions, composition_specs=composition or [], max_tokens=max_tokens,
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
         out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
+        grader=grader, grader_timeout=grader_timeout,
     )
 
 
@@ -82,12 +87,15 @@ def gate(
     quarantine: Path | None = typer.Option(None, help="file of case ids with reason and expiry"),
     junit: Path | None = typer.Option(None, help="write JUnit XML here"),
     markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
+    max_score_swing: float | None = typer.Option(None, help="fail when the score swing (best-case minus worst-case "
+                                                 "score over compositions) exceeds this many percentage points"),
 ) -> None:
     from flakecheck.gate import gate_command
 
     raise typer.Exit(gate_command(
         run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
         fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
+        max_score_swing=max_score_swing,
     ))
 
 

@@ -16,11 +16,13 @@ from typing import Any
 
 from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.errors import UserError
+from flakecheck.grader import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
+from flakecheck.grader import check_timeout, grader_argv
+from flakecheck.input_format import INPUT_FORMATS
 
 DEFAULT_MODEL = "smollm2"
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 REPLAY_MODES = ("auto", "simulated", "physical")
-INPUT_FORMATS = ("auto", "chat", "raw")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class RunConfig:
     out: Path | None = None
     html: bool = True
     input_format: str = "auto"
+    grader: tuple[str, ...] = ()  # argv of an external grader (flakecheck.grader); () grades by the checks
+    grader_timeout: float = GRADER_TIMEOUT_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "suite", Path(self.suite))
@@ -49,6 +53,8 @@ class RunConfig:
             object.__setattr__(self, "out", Path(self.out))
         object.__setattr__(self, "compositions", tuple(order_compositions(list(self.compositions))))
         object.__setattr__(self, "ids", tuple(str(i).strip() for i in self.ids if str(i).strip()))
+        object.__setattr__(self, "grader", grader_argv(self.grader) if self.grader else ())
+        object.__setattr__(self, "grader_timeout", check_timeout(self.grader_timeout))
         for name, low in (("max_tokens", 1), ("gap_window", 1), ("repeat", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -106,6 +112,10 @@ class RunConfig:
             args += ["--out", str(self.out)]
         if not self.html:
             args.append("--no-html")
+        if self.grader:
+            args += ["--grader", shlex.join(self.grader)]
+        if self.grader_timeout != defaults.grader_timeout:
+            args += ["--grader-timeout", f"{self.grader_timeout:g}"]
         return args
 
     def command(self) -> str:
@@ -144,8 +154,8 @@ class RunConfig:
         return cls(**values)
 
     def trace_settings(self) -> dict[str, Any]:
-        """The settings that decide the traces (a resume must not change them). Thresholds only change
-        the analysis, and simulated and physical replay give the same bits, so both may change."""
+        """The settings that decide the traces (a resume must not change them). Thresholds and the grader
+        only change the analysis, and simulated and physical replay give the same bits, so all may change."""
         return {
             "model": self.model, "dtype": self.dtype, "kernels": self.kernels, "backend": self.backend,
             "profile": self.profile, "max_tokens": self.max_tokens, "repeat": self.repeat,

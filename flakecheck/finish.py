@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from flakecheck.analysis import Thresholds, analyse
+from flakecheck.analysis import Thresholds, VerdictKey, analyse
 from flakecheck.checks import check_label
+from flakecheck.grading import grade_traces
 from flakecheck.rundir import RunData, RunDirectory
 from flakecheck.suite import Suite
 from flakecheck.traces import Trace
@@ -27,11 +28,18 @@ class TokenTexts:
 
 def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], reference: str,
               thresholds: Thresholds, texts: TokenTexts, meta: dict[str, Any],
-              timings: dict[str, float]) -> RunData:
+              timings: dict[str, float], verdicts: Mapping[VerdictKey, bool | None] | None = None) -> RunData:
     """Analyse, write runs/tokens/cases parquet and meta.json (the source's `meta` plus what every run
-    records), drop the saved partial traces. The caller's `timings` gain analysis_s."""
+    records), drop the saved partial traces. `verdicts` are every trace's pass/fail, graded before
+    (flakecheck.grading; None: the suite's own checks grade here). `meta["dtype"]` (the logits' dtype,
+    unknown for a server) sizes one ulp for flip_kind. The caller's `timings` gain analysis_s."""
+    if verdicts is None:
+        t0 = time.perf_counter()
+        verdicts = grade_traces(traces, suite.cases, texts.decode)
+        timings["grading_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    tables = analyse(traces, suite.cases, reference, thresholds, texts.decode, texts.token)
+    tables = analyse(traces, suite.cases, reference, thresholds, texts.decode, texts.token, verdicts=verdicts,
+                     dtype=meta.get("dtype"))
     timings["analysis_s"] = time.perf_counter() - t0
     directory.write_tables(tables.runs, tables.tokens, tables.cases)
     generated = sum(len(r["token_ids"]) for r in tables.runs)

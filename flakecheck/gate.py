@@ -7,7 +7,11 @@ The gate fails when any of these holds (quarantined cases are left out of every 
 - more cases than `--max-verdict-flips` change their pass/fail verdict across compositions;
 - with `--baseline`: a case newly diverges (stable or fragile in the baseline, flaky or
   verdict_flaky now), or with `--fail-on-new-fragile` newly becomes fragile (stable before);
-- a quarantine entry has expired.
+- a quarantine entry has expired;
+- with `--max-score-swing PP`: the score swing exceeds PP percentage points. The swing is the best-case
+  minus the worst-case score over the graded cases (a case passes in the worst case only if it passes
+  under every composition, in the best case if it passes under any; see flakecheck.score_swing): how far
+  the suite's reported score can move from batch composition alone. No limit unless given.
 
 Defaults when a threshold is not given:
 
@@ -36,8 +40,9 @@ from flakecheck.errors import UserError
 from flakecheck.junit import write_junit
 from flakecheck.quarantine import QuarantineEntry, load_quarantine
 from flakecheck.reports.facts import DIVERGED, RunFacts, gather
-from flakecheck.reports.gate_summary import gate_markdown
+from flakecheck.reports.gate_summary import gate_markdown, score_swing_line
 from flakecheck.rundir import RunData, atomic_write_text, load_run
+from flakecheck.score_swing import ScoreSwing, score_swing, swing_sentence
 
 # Rates are compared with a little slack so "no worse than the baseline" holds for equal counts.
 RATE_EPSILON = 1e-9
@@ -50,6 +55,7 @@ class GateSettings:
     fail_on_new_fragile: bool = False
     rate_from_baseline: bool = False
     flips_from_baseline: bool = False
+    max_score_swing: float | None = None  # percentage points; None: not gated
 
 
 @dataclass
@@ -82,6 +88,7 @@ class GateResult:
     expired: list[QuarantineEntry]
     unknown_quarantined: list[str]
     baseline: Path | None
+    score: ScoreSwing
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -94,17 +101,20 @@ class GateResult:
 
 def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | None,
                  max_verdict_flips: int | None, fail_on_new_fragile: bool, quarantine: Path | None,
-                 junit: Path | None, markdown: Path | None) -> int:
+                 junit: Path | None, markdown: Path | None, max_score_swing: float | None = None) -> int:
     if max_flaky_rate is not None and not 0.0 <= max_flaky_rate <= 1.0:
         raise UserError(f"--max-flaky-rate must be between 0 and 1, got {max_flaky_rate}")
     if max_verdict_flips is not None and max_verdict_flips < 0:
         raise UserError(f"--max-verdict-flips must be >= 0, got {max_verdict_flips}")
+    if max_score_swing is not None and not 0.0 <= max_score_swing <= 100.0:
+        raise UserError(f"--max-score-swing is in percentage points, between 0 and 100; got {max_score_swing}")
     if fail_on_new_fragile and baseline is None:
         raise UserError("--fail-on-new-fragile needs --baseline RUN_DIR to compare against")
     run = load_run(run_dir)
     base = load_run(baseline) if baseline is not None else None
     entries = load_quarantine(quarantine) if quarantine is not None else []
-    result = evaluate(run, base, entries, max_flaky_rate, max_verdict_flips, fail_on_new_fragile, date.today())
+    result = evaluate(run, base, entries, max_flaky_rate, max_verdict_flips, fail_on_new_fragile, date.today(),
+                      max_score_swing=max_score_swing)
     text = gate_markdown(result)
     for path, content in ((junit, None), (markdown, text)):
         if path is None:
@@ -123,7 +133,7 @@ def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | N
 
 def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEntry],
              max_flaky_rate: float | None, max_verdict_flips: int | None, fail_on_new_fragile: bool,
-             today: date) -> GateResult:
+             today: date, max_score_swing: float | None = None) -> GateResult:
     """The gate's decision over a run (and optionally a baseline), without side effects."""
     facts = gather(run)
     active = {e.case_id: e for e in entries if not e.expired(today)}
@@ -136,7 +146,11 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         max_flaky_rate if max_flaky_rate is not None else 0.0,
         max_verdict_flips if max_verdict_flips is not None else 0,
         fail_on_new_fragile,
+        max_score_swing=max_score_swing,
     )
+    score = score_swing({c: v for c, v in facts.verdicts.items() if c not in active}, facts.run_labels)
+    swing_fails = (max_score_swing is not None and score.swing_pp is not None
+                   and score.swing_pp > max_score_swing + RATE_EPSILON)
     notes: list[str] = []
     if baseline is not None:
         base_facts = gather(baseline)
@@ -181,6 +195,9 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
             outcome.reasons.append(f"its verdict flips ({n_flips} flips > max {settings.max_verdict_flips})")
         if c["status"] in DIVERGED and rate_fails:
             outcome.reasons.append(f"flaky rate {rate:.1%} > max {settings.max_flaky_rate:.1%}")
+        if c["verdict_flip"] and swing_fails:
+            outcome.reasons.append(f"its verdict flip moves the score (swing {score.swing_pp:.1f} pp > max "
+                                   f"{max_score_swing:g} pp)")
         if outcome.reasons:
             outcome.outcome = "fail"
         elif c["status"] in DIVERGED:
@@ -188,13 +205,16 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         outcomes.append(outcome)
     failures = _failures(rate, rate_fails, n_flips, flips_fail, settings, new_divergent, new_fragile,
                          list(expired.values()))
+    if swing_fails:
+        failures.append(f"score swing {score.swing_pp:.1f} pp exceeds the maximum {max_score_swing:g} pp: "
+                        f"{swing_sentence(score)}")
     known = {str(c["case_id"]) for c in facts.cases}
     return GateResult(
         facts=facts, settings=settings, failures=failures, outcomes=outcomes, flaky_rate=rate,
         n_judged=len(judged), n_flaky=n_flaky, n_verdict_flips=n_flips, new_divergent=new_divergent,
         new_fragile=new_fragile, expired=list(expired.values()),
         unknown_quarantined=sorted(i for i in active if i not in known),
-        baseline=baseline.path if baseline is not None else None, notes=notes,
+        baseline=baseline.path if baseline is not None else None, score=score, notes=notes,
     )
 
 
@@ -244,6 +264,7 @@ def print_result(result: GateResult, console: Console) -> None:
                   f"{', from the baseline' if s.rate_from_baseline else ''}) · verdict flips "
                   f"{result.n_verdict_flips} (max {s.max_verdict_flips}"
                   f"{', from the baseline' if s.flips_from_baseline else ''})")
+    console.print(f"  {escape(score_swing_line(result))}")
     if result.baseline is not None:
         console.print(f"  baseline {escape(str(result.baseline))}: {len(result.new_divergent)} newly divergent, "
                       f"{len(result.new_fragile)} newly fragile")

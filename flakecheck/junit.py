@@ -4,7 +4,8 @@
 - `<flakyFailure>`: it diverged but the gate tolerates it (Maven Surefire's element for a test that
   passed with flaky runs; readers that do not know it count the case as passed);
 - `<skipped>`: quarantined;
-- `<properties>`: status, risk, min_gap, first_divergence and the diverging tokens.
+- `<properties>`: status, risk, min_gap, first_divergence, the diverging tokens and the flip kind (tie,
+  near_tie, confident); on the suite, the score swing (worst-case, best-case score and the swing in points).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 # XML 1.0 cannot carry most control characters, whatever the escaping; model output may contain them.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 CASE_PROPERTIES = ("status", "risk", "min_gap", "first_divergence", "divergence_composition", "ref_token",
-                   "alt_token", "gap_at_divergence", "n_near_ties", "pass_rate", "verdict_flip")
+                   "alt_token", "gap_at_divergence", "flip_kind", "n_near_ties", "pass_rate", "verdict_flip")
 
 
 def xml_text(value: Any) -> str:
@@ -43,11 +44,19 @@ def junit_tree(result: GateResult) -> ET.ElementTree:
                         ("backend", facts.backend), ("profile", facts.profile),
                         ("compositions", ",".join(facts.composition_names)), ("reference", facts.reference),
                         ("flaky_rate", f"{result.flaky_rate:.6f}"), ("gate", "passed" if result.passed else "failed"),
-                        ("run_dir", str(facts.path))):
+                        ("run_dir", str(facts.path)), *_score_properties(result)):
         ET.SubElement(props, "property", name=name, value=xml_text(value))
     for outcome in result.outcomes:
         suite.append(_testcase(outcome, suite_name))
     return ET.ElementTree(root)
+
+
+def _score_properties(result: GateResult) -> list[tuple[str, str]]:
+    score = result.score
+    if not score.n_graded:
+        return []
+    return [("score_worst_case", f"{score.worst:.6f}"), ("score_best_case", f"{score.best:.6f}"),
+            ("score_swing_pp", f"{score.swing_pp:.3f}")]
 
 
 def _testcase(outcome: CaseOutcome, classname: str) -> ET.Element:

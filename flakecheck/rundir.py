@@ -61,6 +61,7 @@ CASES_SCHEMA = pa.schema([
     ("ref_token", pa.string()),
     ("alt_token", pa.string()),
     ("gap_at_divergence", pa.float32()),
+    ("flip_kind", pa.string()),  # tie | near_tie | confident at the first divergence (flakecheck.flip_kind)
     ("min_gap", pa.float32()),
     ("n_near_ties", pa.int32()),
     ("pass_rate", pa.float32()),

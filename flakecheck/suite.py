@@ -4,11 +4,14 @@ Accepted per line (a JSON object):
 
 - id: `id` (string or integer; integers become strings). Cases without one are numbered by their position
   ("1".."N") with a warning; a duplicate id is an error naming both lines.
-- input: `input` (a string is a raw completion prompt; a list of `{role, content}` messages is chat, as in
-  inspect_ai and OpenAI evals), `prompt` (string, raw completion), `messages` (chat list). A message's
-  content may also be a list of `{"type": "text", "text": ...}` parts (OpenAI style), which are joined.
-  promptfoo test cases put the input under `vars`: `vars.input`, `vars.prompt` or `vars.question` becomes
-  one user message when none of the above is present.
+- input: `input` (a string is one user chat message when the model has a chat template, as in inspect_ai,
+  and raw completion text when it has none; a list of `{role, content}` messages is chat, as in inspect_ai and
+  OpenAI evals), `prompt` (a string, always raw completion text, as in promptfoo and the completions API),
+  `messages` (a chat list). A message's content may also be a list of `{"type": "text", "text": ...}` parts
+  (OpenAI style), which are joined. promptfoo test cases put the input under `vars`: `vars.input`,
+  `vars.prompt` or `vars.question` becomes one user message when none of the above is present. A case
+  remembers which key its input came from (`Case.input_key`); `run --input-format chat|raw` overrides the
+  convention for every case (see flakecheck.input_format, which turns a case into what the model is sent).
 - choices: inspect_ai's `choices` (list of strings) are appended to a string input as "A) ...", one a line;
   a case with choices and no checks gets a `choice` check against its target.
 - target: `target`, `ideal` (OpenAI evals), `expected`, `answer` (a string, a number, or a list of them).
@@ -55,6 +58,7 @@ class Case:
     max_tokens: int | None
     metadata: dict[str, Any] = field(hash=False)
     line: int
+    input_key: str = "input"  # input | prompt | messages | vars: decides chat vs raw (flakecheck.input_format)
 
     @property
     def is_chat(self) -> bool:
@@ -203,7 +207,7 @@ def _parse_case(obj: dict[str, Any], path: str, line: int, position: int) -> Cas
         metadata = {}
     if not isinstance(metadata, dict):
         raise fail("metadata", f"expected an object, got {_kind(metadata)}")
-    return Case(case_id, case_input, targets, checks, max_tokens, metadata, line)
+    return Case(case_id, case_input, targets, checks, max_tokens, metadata, line, input_key)
 
 
 def _one_of(obj: dict[str, Any], keys: Sequence[str], fail: Callable[..., InputError]) -> tuple[str | None, Any]:
@@ -234,7 +238,7 @@ def _input_from_vars(raw_vars: Any, fail: Callable[..., InputError]) -> tuple[An
                 raise fail(f"vars.{key}", f"expected a string, got {_kind(value)}")
             # promptfoo renders its prompt template into a chat provider's user turn; one user message
             # is the closest we get without the template.
-            return [{"role": "user", "content": value}], "input"
+            return [{"role": "user", "content": value}], "vars"
     return None, None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import given
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 
 from flakecheck.analysis import Thresholds, analyse, first_divergence, risk_score
 from flakecheck.checks import parse_check
+from flakecheck.grading import grade_traces
 from flakecheck.suite import Case
 from flakecheck.traces import Trace
 
@@ -56,13 +58,19 @@ def _case(case_id: str, target: str | None = None) -> Case:
     return Case(case_id, "q", (), checks, None, {}, 1)
 
 
+def _analyse(traces: list[Trace], cases: list[Case], thresholds: Thresholds, dtype: str = "bfloat16"):
+    """Verdicts first (the suite's checks), then analysis, as a run does."""
+    verdicts = grade_traces(traces, cases, _decode)
+    return analyse(traces, cases, "solo", thresholds, _decode, lambda t: TEXT.get(t, "?"), verdicts=verdicts,
+                   dtype=dtype)
+
+
 def test_cases_table_reports_the_earliest_divergence_and_its_tokens() -> None:
     ref = _trace("a", "solo", [1, 2, 3, 4], [1.0, 0.5, 0.01, 2.0])
     late = _trace("a", "batch8", [1, 2, 3, 5], [1.0] * 4)
     early = _trace("a", "chunked", [1, 2, 4, 4], [1.0] * 4)
     same = _trace("a", "prefix", [1, 2, 3, 4], [1.0] * 4)
-    tables = analyse([ref, late, early, same], [_case("a", "ABC")], "solo", Thresholds(0.05, 50), _decode,
-                     lambda t: TEXT.get(t, "?"))
+    tables = _analyse([ref, late, early, same], [_case("a", "ABC")], Thresholds(0.05, 50))
     row = tables.cases[0]
     assert (row["first_divergence"], row["divergence_composition"]) == (2, "chunked")
     assert (row["ref_token"], row["alt_token"]) == (TEXT[ref.token_ids[2]], TEXT[early.token_ids[2]])
@@ -78,8 +86,8 @@ def test_cases_table_reports_the_earliest_divergence_and_its_tokens() -> None:
 
 def test_status_needs_a_near_tie_inside_the_window_for_fragile() -> None:
     tie_late = [_trace("a", "solo", [1, 2, 3], [1.0, 1.0, 0.01]), _trace("a", "b", [1, 2, 3], [1.0] * 3)]
-    inside = analyse(tie_late, [_case("a")], "solo", Thresholds(0.05, 3), _decode, TEXT.get).cases[0]
-    outside = analyse(tie_late, [_case("a")], "solo", Thresholds(0.05, 2), _decode, TEXT.get).cases[0]
+    inside = _analyse(tie_late, [_case("a")], Thresholds(0.05, 3)).cases[0]
+    outside = _analyse(tie_late, [_case("a")], Thresholds(0.05, 2)).cases[0]
     assert (inside["status"], inside["n_near_ties"]) == ("fragile", 1)
     assert (outside["status"], outside["n_near_ties"]) == ("stable", 0)
     assert outside["risk"] < inside["risk"]
@@ -88,5 +96,39 @@ def test_status_needs_a_near_tie_inside_the_window_for_fragile() -> None:
 
 def test_divergence_without_checks_is_flaky_not_verdict_flaky() -> None:
     traces = [_trace("a", "solo", [1, 2], [1.0, 1.0]), _trace("a", "b", [1, 3], [1.0, 1.0])]
-    row = analyse(traces, [_case("a")], "solo", Thresholds(), _decode, TEXT.get).cases[0]
+    row = _analyse(traces, [_case("a")], Thresholds()).cases[0]
     assert row["status"] == "flaky" and row["first_divergence"] == 1
+
+
+def test_analysis_takes_the_verdicts_it_is_given() -> None:
+    """An external grader's verdicts, not the checks, decide pass rate and verdict flips."""
+    traces = [_trace("a", "solo", [1, 2], [1.0, 1.0]), _trace("a", "b", [1, 3], [1.0, 1.0])]
+    verdicts = {("a", "solo", 0): False, ("a", "b", 0): True}
+    row = analyse(traces, [_case("a", "AB")], "solo", Thresholds(), _decode, TEXT.get, verdicts=verdicts).cases[0]
+    assert row["status"] == "verdict_flaky" and row["pass_rate"] == 0.5
+    runs = analyse(traces, [_case("a", "AB")], "solo", Thresholds(), _decode, TEXT.get, verdicts=verdicts).runs
+    assert [r["passed"] for r in runs] == [False, True]  # the checks would have said [True, False]
+
+
+def test_flip_kind_at_the_first_divergence() -> None:
+    """The reference's gap at the divergence step, logit unknown: a tie within one bf16 ulp at |logit| = 1
+    (2**-7), confident at or above 0.05 and above one ulp at |logit| = 64 (0.5), a near-tie between."""
+    kinds = {}
+    for gap in (0.0, 0.02, 1.0):
+        traces = [_trace("a", "solo", [1, 2], [1.0, gap]), _trace("a", "b", [1, 3], [1.0, 1.0])]
+        kinds[gap] = _analyse(traces, [_case("a")], Thresholds(0.05, 50)).cases[0]["flip_kind"]
+    assert kinds == {0.0: "tie", 0.02: "near_tie", 1.0: "confident"}
+    stable = [_trace("a", "solo", [1, 2], [1.0, 0.0]), _trace("a", "b", [1, 2], [1.0, 0.0])]
+    assert _analyse(stable, [_case("a")], Thresholds()).cases[0]["flip_kind"] is None
+    longer = [_trace("a", "solo", [1], [0.0]), _trace("a", "b", [1, 3], [1.0, 1.0])]  # the reference had ended
+    assert _analyse(longer, [_case("a")], Thresholds()).cases[0]["flip_kind"] is None
+
+
+def test_flip_kind_uses_the_reference_logit_when_the_traces_carry_it() -> None:
+    """1/8 is one bf16 ulp at logit 20 (a tie) but four at logit 5 (confident); unknown, it is neither."""
+    kinds = []
+    for logits in (None, [21.0, 20.0], [6.0, 5.0]):
+        ref = dataclasses.replace(_trace("a", "solo", [1, 2], [1.0, 0.125]), top1_logits=logits)
+        traces = [ref, _trace("a", "b", [1, 3], [1.0, 1.0])]
+        kinds.append(_analyse(traces, [_case("a")], Thresholds(0.05, 50)).cases[0]["flip_kind"])
+    assert kinds == ["near_tie", "tie", "confident"]

@@ -187,3 +187,46 @@ def test_cli_exit_codes_on_a_copied_run_directory(tight_invariant_run, tmp_path,
     (copy / "runs.parquet").write_bytes(b"not parquet")
     assert cli_gate(monkeypatch, str(copy)) == 2
     assert cli_gate(monkeypatch, str(tmp_path / "nowhere")) == 2
+
+
+# ------------------------------------------------------------------------------------------- --max-score-swing
+
+
+def _swing_run(tmp_path: Path) -> RunData:
+    """4 graded cases; one passes under solo only ('a' vs ' the'), so worst 1/4, best 2/4: a 25 pp swing."""
+    from tests.run_builder import CaseSpec, RunSpec, write_run
+
+    cases = [CaseSpec("flips", "a", [[3], [4]], [1.0]), CaseSpec("passes", "a", [[3], [3]], [1.0]),
+             CaseSpec("fails", "a", [[4], [4]], [1.0]), CaseSpec("also-fails", "a", [[5], [5]], [1.0]),
+             CaseSpec("ungraded", None, [[3], [4]], [1.0])]
+    return write_run(tmp_path, RunSpec(["solo", "batch8"], cases))
+
+
+def test_max_score_swing_fails_a_run_whose_swing_exceeds_it(tmp_path: Path, capsys) -> None:
+    run = _swing_run(tmp_path / "run")
+    lenient = dict(max_flaky_rate=1.0, max_verdict_flips=10)
+    junit = tmp_path / "gate.xml"
+    assert gate(run, **lenient, max_score_swing=20, junit=junit, markdown=tmp_path / "gate.md") == 1
+    out = capsys.readouterr().out
+    assert "score swing 25.0 pp exceeds the maximum 20 pp" in " ".join(out.split())
+    assert "score swing 25.0 pp (max 20 pp)" in (tmp_path / "gate.md").read_text()
+    root = ET.parse(junit).getroot()
+    props = {p.get("name"): p.get("value") for p in root.find("testsuite").find("properties")}
+    assert (props["score_worst_case"], props["score_best_case"], props["score_swing_pp"]) == (
+        "0.250000", "0.500000", "25.000")
+    failed = {tc.get("name") for tc in root.iter("testcase") if tc.find("failure") is not None}
+    assert failed == {"flips"}
+    assert gate(run, **lenient, max_score_swing=25) == 0  # at the limit is within it
+    assert gate(run, **lenient) == 0  # not gated unless asked
+
+
+def test_max_score_swing_leaves_quarantined_cases_out(tmp_path: Path) -> None:
+    run = _swing_run(tmp_path / "run")
+    held = quarantine_file(tmp_path / "q.jsonl", [{"id": "flips", "reason": "known", "expires": "2099-01-01"}])
+    assert gate(run, max_flaky_rate=1.0, max_verdict_flips=10, max_score_swing=0, quarantine=held) == 0
+
+
+def test_max_score_swing_must_be_percentage_points(tmp_path: Path) -> None:
+    run = _swing_run(tmp_path / "run")
+    with pytest.raises(UserError, match="percentage points"):
+        gate(run, max_score_swing=150)

@@ -11,22 +11,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from flakecheck.rundir import STATUSES, RunData
+from flakecheck.analysis import run_label
+from flakecheck.flip_kind import FLIP_KINDS
+from flakecheck.rundir import CASES_SCHEMA, STATUSES, RunData
+from flakecheck.score_swing import ScoreSwing, score_swing
 
 DIVERGED = ("flaky", "verdict_flaky")
+# The summary warns about empty answers when at least this share of the cases (and at least one) has an empty
+# reference answer: an instruct model sent a question without its chat template often ends its turn at once.
+EMPTY_ANSWER_WARN_SHARE = 0.10
 
 
 def clean(value: Any) -> Any:
-    """A parquet cell as plain Python: NaN/NA/None -> None, numpy scalars -> int/float/bool."""
+    """A parquet cell as plain Python: NaN/NA/None -> None, numpy scalars -> int/float/bool, and a list cell
+    (a numpy array from pyarrow) -> a list of those, whatever its length: a one-token output stays a list."""
     if value is None or value is pd.NA or value is pd.NaT:
         return None
-    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
-        try:
-            value = value.item()
-        except (ValueError, AttributeError):
-            return value
+    if isinstance(value, np.ndarray):
+        return [clean(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float) and math.isnan(value):
         return None
     return value
@@ -39,8 +46,12 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def case_records(cases: pd.DataFrame) -> list[dict[str, Any]]:
-    """cases.parquet as plain dicts, riskiest first (ties by case id, so the order is stable)."""
+    """cases.parquet as plain dicts, riskiest first (ties by case id, so the order is stable). A column an
+    older run directory lacks (flip_kind) reads as None, so its reports still render."""
     records_ = records(cases)
+    for record in records_:
+        for name in CASES_SCHEMA.names:
+            record.setdefault(name, None)
     return sorted(records_, key=lambda r: (-(r["risk"] or 0.0), str(r["case_id"])))
 
 
@@ -71,6 +82,26 @@ class RunFacts:
     compositions: list[CompositionFacts]
     command: str | None
     meta: dict[str, Any] = field(repr=False)
+    empty_answers: list[str] = field(default_factory=list)  # cases whose reference answer is empty or blank
+    verdicts: dict[str, dict[str, bool | None]] = field(default_factory=dict)  # case -> run label -> passed
+    run_labels: list[str] = field(default_factory=list)  # every (composition, repeat), in replay order
+
+    @property
+    def score(self) -> ScoreSwing:
+        return score_swing(self.verdicts, self.run_labels)
+
+    @property
+    def flip_counts(self) -> dict[str, int]:
+        """Diverged cases by the kind of their first flip (tie, near_tie, confident)."""
+        counts = {kind: 0 for kind in FLIP_KINDS}
+        for c in self.cases:
+            if c.get("flip_kind") in counts:
+                counts[c["flip_kind"]] += 1
+        return counts
+
+    @property
+    def confident_flips(self) -> list[str]:
+        return [str(c["case_id"]) for c in self.cases if c.get("flip_kind") == "confident"]
 
     @property
     def n_diverged(self) -> int:
@@ -116,7 +147,41 @@ def gather(run: RunData) -> RunFacts:
         compositions=_composition_facts(run.runs, names, reference),
         command=meta.get("command"),
         meta=meta,
+        empty_answers=_empty_answers(run.runs, reference),
+        **_verdicts(run.runs, names),
     )
+
+
+def _verdicts(runs: pd.DataFrame, names: list[str]) -> dict[str, Any]:
+    """Every case's verdict per run label, and the labels in replay order (composition order, then repeat)."""
+    order = {name: i for i, name in enumerate(names)}
+    keys = sorted({(int(r), str(c)) for c, r in zip(runs["composition"], runs["repeat"])},
+                  key=lambda k: (k[0], order.get(k[1], len(order)), k[1]))
+    verdicts: dict[str, dict[str, bool | None]] = {}
+    for case_id, composition, repeat, passed in zip(runs["case_id"], runs["composition"], runs["repeat"],
+                                                    runs["passed"]):
+        verdicts.setdefault(str(case_id), {})[run_label(str(composition), int(repeat))] = clean(passed)
+    return {"verdicts": verdicts, "run_labels": [run_label(c, r) for r, c in keys]}
+
+
+def _empty_answers(runs: pd.DataFrame, reference: str) -> list[str]:
+    ref = runs[(runs["composition"] == reference) & (runs["repeat"] == 0)]
+    return sorted(str(case_id) for case_id, text in zip(ref["case_id"], ref["text"])
+                  if not str(clean(text) or "").strip())
+
+
+def empty_answer_warning(facts: RunFacts) -> str | None:
+    """'12 of 40 cases produced an empty answer — is the input format right?' when at least
+    EMPTY_ANSWER_WARN_SHARE of the cases (and at least one) have an empty reference answer, else None."""
+    n = len(facts.empty_answers)
+    if not n or n < EMPTY_ANSWER_WARN_SHARE * facts.n_cases:
+        return None
+    text = f"{n} of {facts.n_cases} cases produced an empty answer — is the input format right?"
+    applied = facts.meta.get("input_format")
+    if isinstance(applied, dict) and applied.get("raw") and applied.get("chat_template"):
+        text += (f" ({applied['raw']} case(s) were sent as raw text; a 'prompt' is always raw, and "
+                 "--input-format chat sends every string as a user message)")
+    return text
 
 
 def _composition_facts(runs: pd.DataFrame, names: list[str], reference: str) -> list[CompositionFacts]:
@@ -176,3 +241,25 @@ def fmt_step(value: int | float | None) -> str:
 
 def fmt_rate(value: float | None) -> str:
     return "—" if value is None else f"{value:.0%}"
+
+
+def score_range(score: ScoreSwing) -> str | None:
+    """'58% (batch32) – 64% (solo)': the lowest and highest per-composition score, or None without grades."""
+    low, high = score.low, score.high
+    if low is None or high is None:
+        return None
+    if low[1] == high[1]:
+        return f"{fmt_rate(low[1])} under every composition"
+    return f"{fmt_rate(low[1])} ({low[0]}) – {fmt_rate(high[1])} ({high[0]})"
+
+
+def flip_summary(facts: RunFacts) -> str | None:
+    """'first flips: 30 tie · 20 near_tie · 4 confident' over the diverged cases, or None when none diverged."""
+    counts = facts.flip_counts
+    if not sum(counts.values()):
+        return None
+    return "first flips: " + " · ".join(f"{counts[k]} {k}" for k in FLIP_KINDS)
+
+
+CONFIDENT_NOTE = ("a gap at or above the near-tie threshold flipped: batch-order rounding rarely moves logits that "
+                  "far, so look for a bug or a larger numeric difference (dtype, quantisation, another build)")

@@ -8,12 +8,22 @@ from typing import TYPE_CHECKING
 
 from flakecheck.reports.markdown import md_text, risk_table
 from flakecheck.rundir import STATUSES
+from flakecheck.score_swing import swing_sentence
 
 if TYPE_CHECKING:
     from flakecheck.gate import GateResult
 
 MAX_ROWS = 50
 MAX_CHARS = 100_000
+
+
+def score_swing_line(result: GateResult) -> str:
+    """'score swing 12.0 pp (max 5 pp): your reported score can move from ...' for the gate's outputs."""
+    score, limit = result.score, result.settings.max_score_swing
+    if score.swing_pp is None:
+        return "score swing: no graded cases"
+    bound = f"max {limit:g} pp" if limit is not None else "not gated; --max-score-swing PP"
+    return f"score swing {score.swing_pp:.1f} pp ({bound}): {swing_sentence(score)}"
 
 
 def gate_markdown(result: GateResult) -> str:
@@ -28,6 +38,7 @@ def gate_markdown(result: GateResult) -> str:
                  f"{', from the baseline' if s.rate_from_baseline else ''})")
     lines.append(f"- verdict flips **{result.n_verdict_flips}** (max {s.max_verdict_flips}"
                  f"{', from the baseline' if s.flips_from_baseline else ''})")
+    lines.append(f"- {md_text(score_swing_line(result), 500)}")
     if result.baseline is not None:
         lines.append(f"- against the baseline: {len(result.new_divergent)} newly divergent, "
                      f"{len(result.new_fragile)} newly fragile")

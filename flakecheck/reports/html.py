@@ -25,17 +25,22 @@ from flakecheck.analysis import first_divergence, run_label
 from flakecheck.reports.facts import (
     DIVERGED,
     RunFacts,
+    CONFIDENT_NOTE,
     clean,
+    empty_answer_warning,
+    flip_summary,
     fmt_gap,
     fmt_rate,
     fmt_step,
     gather,
     prompt_text,
     records,
+    score_range,
     suite_cases,
 )
 from flakecheck.reports.plots import plots
 from flakecheck.rundir import STATUSES, RunData, atomic_write_text
+from flakecheck.score_swing import swing_sentence
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_METADATA_COLUMNS = 6
@@ -113,6 +118,8 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
         data_json=script_json(data), css=Markup((TEMPLATES / "report.css").read_text()),
         js=Markup((TEMPLATES / "report.js").read_text()), meta=run.meta, fmt_gap=fmt_gap, fmt_step=fmt_step,
         fmt_rate=fmt_rate, flaky_rate=fmt_rate(facts.flaky_rate), meta_json=_pretty_meta(run.meta),
+        empty_warning=empty_answer_warning(facts), score=facts.score, score_sentence=swing_sentence(facts.score),
+        score_range=score_range(facts.score), flip_summary=flip_summary(facts), confident_note=CONFIDENT_NOTE,
     )
 
 

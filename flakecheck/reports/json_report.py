@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flakecheck.reports.facts import gather, next_command
+from flakecheck.reports.facts import empty_answer_warning, gather, next_command
+from flakecheck.score_swing import swing_sentence
 from flakecheck.rundir import RunData
 
 
@@ -31,9 +32,15 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
         "counts": facts.counts,
         "flaky_rate": facts.flaky_rate,
         "verdict_flips": facts.verdict_flips,
+        "empty_answers": {"count": len(facts.empty_answers), "case_ids": facts.empty_answers,
+                          "warning": empty_answer_warning(facts)},
+        "input_format": facts.meta.get("input_format"),
+        "score": {**facts.score.to_dict(), "sentence": swing_sentence(facts.score)},
+        "flips": {"counts": facts.flip_counts, "confident": facts.confident_flips},
+        "grader": facts.meta.get("grader"),
         "compositions": [
             {"name": c.name, "reference": c.is_reference, "diverged_cases": c.diverged_cases,
-             "verdict_changes": c.verdict_changes}
+             "verdict_changes": c.verdict_changes, "score": facts.score.per_composition.get(c.name)}
             for c in facts.compositions
         ],
         "top": facts.top(top),

@@ -8,7 +8,19 @@ from __future__ import annotations
 
 import html
 
-from flakecheck.reports.facts import RunFacts, fmt_gap, fmt_rate, fmt_step, gather, next_command
+from flakecheck.reports.facts import (
+    CONFIDENT_NOTE,
+    RunFacts,
+    empty_answer_warning,
+    flip_summary,
+    fmt_gap,
+    fmt_rate,
+    fmt_step,
+    gather,
+    next_command,
+    score_range,
+)
+from flakecheck.score_swing import swing_sentence
 from flakecheck.rundir import STATUSES, RunData
 
 MARKDOWN_SPECIALS = str.maketrans({c: f"\\{c}" for c in "\\`*_[]|~"})
@@ -39,20 +51,26 @@ def markdown_from_facts(facts: RunFacts, top: int = 10) -> str:
         share = facts.counts[status] / facts.n_cases if facts.n_cases else 0.0
         lines.append(f"| {status} | {facts.counts[status]} | {fmt_rate(share)} |")
     lines.append("")
+    warning = empty_answer_warning(facts)
+    if warning:
+        lines += [f"> **Warning:** {md_text(warning, 500)}", ""]
     if facts.verdict_flips:
         ids = ", ".join(md_text(c, 80) for c in facts.verdict_flips[:50])
         more = f" (+{len(facts.verdict_flips) - 50} more)" if len(facts.verdict_flips) > 50 else ""
         lines.append(f"**Verdict flips ({len(facts.verdict_flips)}):** {ids}{more}")
     else:
         lines.append("**No verdict flips.**")
+    lines += ["", *score_and_flip_lines(facts)]
     risky = facts.top(top)
     if risky:
         lines += ["", f"### Top {len(risky)} cases by risk", ""]
         lines += risk_table(risky)
-    lines += ["", "### Per composition", "", "| composition | diverged cases | verdict changes |", "|---|---:|---:|"]
+    lines += ["", "### Per composition", "", "| composition | diverged cases | verdict changes | score |",
+              "|---|---:|---:|---:|"]
+    scores = facts.score.per_composition
     for c in facts.compositions:
         label = md_text(c.name) + (" (reference)" if c.is_reference else "")
-        lines.append(f"| {label} | {c.diverged_cases} | {c.verdict_changes} |")
+        lines.append(f"| {label} | {c.diverged_cases} | {c.verdict_changes} | {fmt_rate(scores.get(c.name))} |")
     why, command = next_command(facts)
     lines += ["", f"Next, {why}:", "", "```", command.replace("`", "'"), "```", ""]
     return "\n".join(lines)
@@ -71,9 +89,29 @@ def header_lines(facts: RunFacts) -> list[str]:
     ]
 
 
+def score_and_flip_lines(facts: RunFacts) -> list[str]:
+    """The score swing and the kinds of first flips, as markdown lines (none when there is nothing to say)."""
+    lines = []
+    score = facts.score
+    if score.n_graded and not score.swing_pp:
+        lines.append(f"- **Score swing:** {swing_sentence(score)} ({score.n_graded} graded cases).")
+    elif score.n_graded:
+        lines.append(f"- **Score swing:** {swing_sentence(score)} (worst case: a case passes only if it passes "
+                     f"under every composition; best case: under any). Per composition: {score_range(score)}; "
+                     f"{score.n_graded} graded cases.")
+    flips = flip_summary(facts)
+    if flips:
+        lines.append(f"- {flips.capitalize()}.")
+    if facts.confident_flips:
+        ids = ", ".join(md_text(c, 80) for c in facts.confident_flips[:50])
+        lines.append(f"- **Confident flips ({len(facts.confident_flips)}):** {ids} — {CONFIDENT_NOTE}.")
+    return lines
+
+
 def risk_table(risky: list[dict]) -> list[str]:
-    lines = ["| case | status | risk | first divergence | where | tokens (ref → alt) | gap | min gap | pass rate |",
-             "|---|---|---:|---:|---|---|---:|---:|---:|"]
+    lines = ["| case | status | risk | first divergence | where | tokens (ref → alt) | gap | flip | min gap "
+             "| pass rate |",
+             "|---|---|---:|---:|---|---|---:|---|---:|---:|"]
     for c in risky:
         pair = "—"
         if c["ref_token"] is not None or c["alt_token"] is not None:
@@ -82,6 +120,6 @@ def risk_table(risky: list[dict]) -> list[str]:
         lines.append(
             f"| {md_text(c['case_id'], 80)} | {c['status']} | {risk} | {fmt_step(c['first_divergence'])} "
             f"| {md_text(c['divergence_composition'] or '—')} | {pair} | {fmt_gap(c['gap_at_divergence'])} "
-            f"| {fmt_gap(c['min_gap'])} | {fmt_rate(c['pass_rate'])} |"
+            f"| {c.get('flip_kind') or '—'} | {fmt_gap(c['min_gap'])} | {fmt_rate(c['pass_rate'])} |"
         )
     return lines

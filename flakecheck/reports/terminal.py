@@ -6,7 +6,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from flakecheck.reports.facts import RunFacts, fmt_gap, fmt_rate, fmt_step, gather, next_command
+from flakecheck.reports.facts import (
+    CONFIDENT_NOTE,
+    RunFacts,
+    empty_answer_warning,
+    flip_summary,
+    fmt_gap,
+    fmt_rate,
+    fmt_step,
+    gather,
+    next_command,
+    score_range,
+)
+from flakecheck.score_swing import swing_sentence
 from flakecheck.rundir import STATUSES, RunData
 
 STATUS_STYLE = {"stable": "green", "fragile": "yellow", "flaky": "magenta", "verdict_flaky": "bold red"}
@@ -25,12 +37,25 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
     facts = gather(run)
     console.print(_header(facts))
     console.print(_counts_table(facts))
+    warning = empty_answer_warning(facts)
+    if warning:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}")
     if facts.verdict_flips:
         shown = ", ".join(escape(str(c)) for c in facts.verdict_flips[:20])
         more = f" (+{len(facts.verdict_flips) - 20} more)" if len(facts.verdict_flips) > 20 else ""
         console.print(f"[bold red]verdict flips ({len(facts.verdict_flips)}):[/] {shown}{more}")
     else:
         console.print("[green]no verdict flips[/]: every case grades the same under every composition")
+    for line in score_lines(facts):
+        console.print(line)
+    flips = flip_summary(facts)
+    if flips:
+        console.print(escape(flips))
+    if facts.confident_flips:
+        shown = ", ".join(escape(c) for c in facts.confident_flips[:20])
+        more = f" (+{len(facts.confident_flips) - 20} more)" if len(facts.confident_flips) > 20 else ""
+        console.print(f"[bold red]confident flips ({len(facts.confident_flips)}):[/] {shown}{more} — "
+                      f"{escape(CONFIDENT_NOTE)}")
     risky = facts.top(top)
     if risky:
         console.print(_top_table(risky, facts))
@@ -40,6 +65,17 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
         console.print(f"HTML report:   {escape(str(html))}")
     why, command = next_command(facts)
     console.print(f"next, {escape(why)}:\n  [bold cyan]{escape(command)}[/]", soft_wrap=True)
+
+
+def score_lines(facts: RunFacts) -> list[str]:
+    """The score swing, as rich markup: the sentence, then the per-composition range."""
+    score = facts.score
+    if not score.n_graded:
+        return []
+    if not score.swing_pp:
+        return [f"[green]score swing[/]: {escape(swing_sentence(score))} ({score.n_graded} graded cases)"]
+    return [f"[bold red]score swing[/]: {escape(swing_sentence(score))}",
+            f"  score per composition {escape(score_range(score) or '—')}; {score.n_graded} graded cases"]
 
 
 def _header(facts: RunFacts) -> str:
@@ -66,7 +102,7 @@ def _top_table(risky: list[dict], facts: RunFacts) -> Table:
     table = Table(title=f"top {len(risky)} cases by risk", title_justify="left", show_edge=False)
     # short headers: the table must stay readable in an 80-column terminal
     for name, justify in (("case", "left"), ("status", "left"), ("risk", "right"), ("step", "right"),
-                          ("where", "left"), ("ref -> alt", "left"), ("gap", "right"),
+                          ("where", "left"), ("ref -> alt", "left"), ("gap", "right"), ("flip", "left"),
                           ("min gap", "right"), ("pass", "right")):
         table.add_column(name, justify=justify, overflow="fold")
     for c in risky:
@@ -77,9 +113,15 @@ def _top_table(risky: list[dict], facts: RunFacts) -> Table:
             escape(str(c["case_id"])), f"[{STATUS_STYLE.get(c['status'], '')}]{c['status']}[/]",
             f"{c['risk']:.2f}" if c["risk"] is not None else "—", fmt_step(c["first_divergence"]),
             escape(c["divergence_composition"] or "—"), escape(pair), fmt_gap(c["gap_at_divergence"]),
-            fmt_gap(c["min_gap"]), fmt_rate(c["pass_rate"]),
+            _flip(c.get("flip_kind")), fmt_gap(c["min_gap"]), fmt_rate(c["pass_rate"]),
         )
     return table
+
+
+def _flip(kind: str | None) -> str:
+    if kind is None:
+        return "—"
+    return f"[bold red]{kind}[/]" if kind == "confident" else kind
 
 
 def _token(text: str | None) -> str:
