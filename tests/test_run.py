@@ -11,10 +11,9 @@ import pytest
 
 import flakecheck
 from flakecheck import api, cli
-from flakecheck import replay as replay_module
 from flakecheck.engine import LoadedModel, load_model
 from flakecheck.errors import UserError
-from flakecheck.rundir import load_run
+from flakecheck.rundir import RunDirectory, load_run
 
 QUESTIONS = [
     "What is the capital of France?", "What is 17 + 25?", "Name three primary colours.",
@@ -105,36 +104,35 @@ def test_the_tool_is_deterministic(tiny_bf16, tiny_suite, splitk_run, tmp_path) 
         pd.testing.assert_frame_equal(getattr(again, table), getattr(splitk_run, table))
 
 
+@pytest.mark.parametrize("replay", ["simulated", "physical"])
 def test_resume_after_an_interruption_gives_the_uninterrupted_result(tiny_bf16, tiny_suite, splitk_run, tmp_path,
-                                                                      monkeypatch) -> None:
-    real_replay, calls = replay_module.replay, []
+                                                                      monkeypatch, replay) -> None:
+    real_save, saved = RunDirectory.save_traces, []
 
-    def interrupted_on_third(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
+    def interrupted_on_third(self, composition, repeat, traces):
+        if len(saved) == 2:
             raise KeyboardInterrupt
-        return real_replay(*args, **kwargs)
+        saved.append(composition)
+        return real_save(self, composition, repeat, traces)
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real_replay(*args, **kwargs)
-
-    monkeypatch.setattr(replay_module, "replay", interrupted_on_third)
+    monkeypatch.setattr(RunDirectory, "save_traces", interrupted_on_third)
     out = tmp_path / "resumed"
     with pytest.raises(api.RunInterrupted, match="--resume"):
-        run(tiny_bf16, tiny_suite, out, "splitk")
+        flakecheck.run_suite(tiny_suite, model=tiny_bf16, kernels="splitk", max_tokens=10, out=out, html=False,
+                             replay=replay)
     assert len(list((out / "partial").glob("*.parquet"))) == 2 and not (out / "runs.parquet").exists()
-    calls.clear()
-    monkeypatch.setattr(replay_module, "replay", counted)
+    replayed = []
+    monkeypatch.setattr(RunDirectory, "save_traces",
+                        lambda self, c, r, t: replayed.append(c) or real_save(self, c, r, t))
     resumed = flakecheck.run_suite(tiny_suite, model=tiny_bf16, kernels="splitk", max_tokens=10, out=out,
-                                   resume=True, html=False)
-    assert len(calls) == len(splitk_run.meta["compositions"]) - 2  # finished compositions were not redone
-    for table in ("runs", "tokens", "cases"):
+                                   resume=True, html=False, replay=replay)
+    assert sorted(replayed + saved) == sorted(c["name"] for c in splitk_run.meta["compositions"])
+    for table in ("runs", "tokens", "cases"):  # finished compositions were read back, not redone
         pd.testing.assert_frame_equal(getattr(resumed, table), getattr(splitk_run, table))
 
 
 def test_resume_refuses_changed_settings(tiny_bf16, tiny_suite, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(replay_module, "replay", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(RunDirectory, "save_traces", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(api.RunInterrupted):
         run(tiny_bf16, tiny_suite, tmp_path / "r", "splitk")
     with pytest.raises(UserError, match="kernels"):
