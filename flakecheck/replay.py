@@ -100,8 +100,8 @@ def replay_runs(model: LoadedModel, config: RunConfig, cases: Sequence[CaseReque
 
         def finished_run(run: RunTraces) -> None:
             traces = run.ordered()
-            directory.save_traces(run.composition.name, run.repeat, traces)
-            done[(run.composition.name, run.repeat)] = traces
+            directory.save_traces(run.name, run.repeat, traces)
+            done[(run.name, run.repeat)] = traces
 
         bar.start(f"{len(todo)} simulated")
         lockstep = simulate(model, build_model(model, ops), cases, todo, bar.case_done, finished_run)

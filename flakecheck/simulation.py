@@ -34,6 +34,7 @@ from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.lockstep import Lockstep, Member
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
+from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay import CaseRequest, build_requests, trace_of
 from flakecheck.traces import Trace
 
@@ -41,14 +42,32 @@ MAX_SLOTS = 256  # KV slots in the pool: sequences held at once across every cor
 MAX_ROWS = 2048  # rows of one physical forward pass
 
 
+@dataclass(frozen=True)
+class Job:
+    """One (composition, repeat) to simulate; `policy` plans its steps (None: the network's own),
+    `label` names its traces (default: the composition's name), `cases` restricts which cases
+    report (a serial composition then runs only those: its cases cannot touch each other)."""
+
+    composition: Composition
+    repeat: int = 0
+    policy: KernelPolicy | None = None
+    label: str | None = None
+    cases: frozenset[str] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or self.composition.name
+
+
 @dataclass
 class RunTraces:
-    """The traces of one (composition, repeat) as they finish; complete when every case has one."""
+    """The traces of one job as they finish; complete when every case it reports has one."""
 
     composition: Composition
     repeat: int
     case_ids: list[str]
     traces: dict[str, Trace] = field(default_factory=dict)
+    name: str = ""
 
     @property
     def done(self) -> bool:
@@ -59,25 +78,25 @@ class RunTraces:
 
 
 def simulate(model: LoadedModel, network: LlamaForCausalLM, cases: Sequence[CaseRequest],
-             work: Sequence[tuple[Composition, int]], on_case_done: Callable[[Trace], None],
+             work: Sequence[tuple[Composition, int] | Job], on_case_done: Callable[[Trace], None],
              on_run_done: Callable[[RunTraces], None], max_slots: int = MAX_SLOTS, max_rows: int = MAX_ROWS,
-             ) -> Lockstep:
-    """Replay every (composition, repeat) of `work` in lockstep; `on_run_done` gets each as it completes.
-    Returns the finished lockstep (its stats)."""
+             until: Callable[[], bool] = lambda: False) -> Lockstep:
+    """Replay every job of `work` in lockstep; `on_run_done` gets each as it completes (`until()`, checked
+    between ticks, may stop early). Returns the lockstep (its stats)."""
     vocab = model.config.vocab_size
     special = frozenset(getattr(model.tokenizer, "all_special_ids", []) or []) | model.eos_token_ids
-    plans = [(composition, repeat, build_requests(cases, composition, repeat, vocab, special))
-             for composition, repeat in work]
-    longest = max(len(r.prompt_ids) + r.params.max_tokens for _, _, requests in plans for r in requests)
-    widest = max([c.max_batch for c, _, _ in plans] + [1])
+    jobs = [item if isinstance(item, Job) else Job(*item) for item in work]
+    plans = [(job, build_requests(cases, job.composition, job.repeat, vocab, special)) for job in jobs]
+    longest = max(len(r.prompt_ids) + r.params.max_tokens for _, requests in plans for r in requests)
+    widest = max([job.composition.max_batch for job, _ in plans] + [1])
     config = model.config
     cache = KVCache(config.num_layers, max(max_slots, widest), config.num_kv_heads, config.head_dim, model.dtype,
                     length=longest)
     lockstep = Lockstep(network, cache, max_rows)
     builder = _Builder(lockstep, model, cases, on_case_done, on_run_done)
-    for composition, repeat, requests in plans:
-        builder.add(composition, repeat, requests)
-    lockstep.run()
+    for job, requests in plans:
+        builder.add(job, requests)
+    lockstep.run(until)
     return lockstep
 
 
@@ -88,7 +107,7 @@ class _Builder:
         self.case_ids = [c.case_id for c in cases]
         self.on_case_done, self.on_run_done = on_case_done, on_run_done
         # serial cores without a prefix cache, shared by every run that schedules the same computation
-        self.serial: dict[tuple[str, int | None], list[RunTraces]] = {}
+        self.serial: dict[tuple[str, int | None, KernelPolicy | None], list[RunTraces]] = {}
 
     def core(self, max_num_seqs: int, chunk: int | None, prefix: PrefixCache | None) -> EngineCore:
         return EngineCore(self.lockstep.cache, self.model.eos_token_ids, self.model.config.max_context,
@@ -101,7 +120,9 @@ class _Builder:
             if isinstance(completion.request_id, tuple):  # a filler
                 return
             for run in runs:
-                trace = trace_of(completion, run.composition.name, run.repeat)
+                if str(completion.request_id) not in run.case_ids:
+                    continue
+                trace = trace_of(completion, run.name, run.repeat)
                 run.traces[trace.case_id] = trace
                 self.on_case_done(trace)
                 if run.done:
@@ -109,37 +130,40 @@ class _Builder:
 
         return finished
 
-    def add(self, composition: Composition, repeat: int, requests: list[Request]) -> None:
-        run = RunTraces(composition, repeat, self.case_ids)
+    def add(self, job: Job, requests: list[Request]) -> None:
+        composition = job.composition
+        reported = [c for c in self.case_ids if job.cases is None or c in job.cases]
+        run = RunTraces(composition, job.repeat, reported, name=job.name)
         if composition.max_batch > 1:
-            self._whole(composition, [run], requests)
+            self._whole(job, [run], requests)
         elif not composition.prefix_cache:
             for request in requests:
-                if isinstance(request.request_id, tuple):
-                    continue  # a filler never shares a step with a case of a serial composition
-                key = (str(request.request_id), composition.chunk)
+                if isinstance(request.request_id, tuple) or str(request.request_id) not in reported:
+                    continue  # fillers and other cases never share a step with a case of a serial composition
+                key = (str(request.request_id), composition.chunk, job.policy)
                 if key not in self.serial:
                     self.serial[key] = []
                     member = self.core(1, composition.chunk, None)
                     member.add_request(Request(request.request_id, request.prompt_ids, request.params))
-                    self.lockstep.add(Member(member, self.listener(self.serial[key])))
+                    self.lockstep.add(Member(member, self.listener(self.serial[key]), policy=job.policy))
                 self.serial[key].append(run)
         else:
-            self._serial_with_prefix(composition, run, requests)
+            self._serial_with_prefix(job, run, requests)
 
-    def _whole(self, composition: Composition, runs: list[RunTraces], requests: list[Request]) -> None:
+    def _whole(self, job: Job, runs: list[RunTraces], requests: list[Request]) -> None:
+        composition = job.composition
         prefix = PrefixCache() if composition.prefix_cache else None
         core = self.core(composition.max_batch, composition.chunk, prefix)
         for request in requests:
             core.add_request(request)
-        self.lockstep.add(Member(core, self.listener(runs)))
+        self.lockstep.add(Member(core, self.listener(runs), policy=job.policy))
 
-    def _serial_with_prefix(self, composition: Composition, run: RunTraces, requests: list[Request]) -> None:
+    def _serial_with_prefix(self, job: Job, run: RunTraces, requests: list[Request]) -> None:
         prefix = PrefixCache()
         order = sorted(requests, key=lambda r: r.arrival)  # the serial admission order (stable)
         blocks = sum(len(r.prompt_ids) // prefix.block_size for r in order)
         if blocks > prefix.capacity:  # eviction would depend on the serial timing: keep it serial
-            self._whole(composition, [run], requests)
+            self._whole(job, [run], requests)
             return
         first_block = [_first_block(r, prefix.block_size) for r in order]
         case_groups = {key for r, key in zip(order, first_block) if not isinstance(r.request_id, tuple)}
@@ -148,11 +172,12 @@ class _Builder:
         for request, key in zip(order, first_block):
             if isinstance(request.request_id, tuple) and key not in case_groups:
                 continue  # a filler that shares no prompt block with any case cannot touch one
-            core = self.core(1, composition.chunk, prefix)
+            core = self.core(1, job.composition.chunk, prefix)
             core.add_request(Request(request.request_id, request.prompt_ids, request.params,
                                      cache_salt=request.cache_salt))
             waits = list(earlier.get(key, [])) if key is not None else []
-            self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits)))
+            self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits),
+                                     policy=job.policy))
             if key is not None:
                 earlier.setdefault(key, []).append(core)
 

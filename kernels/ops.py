@@ -35,20 +35,28 @@ class Backend(Protocol):
 
 
 class Ops:
-    def __init__(self, policy: KernelPolicy, backend: Backend, profile: str | None = None) -> None:
+    def __init__(self, policy: KernelPolicy, backend: Backend, profile: str | None = None,
+                 matmul_orders: frozenset[str] = frozenset()) -> None:
         self.kernel_policy, self.executor = policy, backend
         self.policy, self.backend = policy.name, backend.name
         self.profile = profile
         self.sms = get_profile(profile).sms
+        # the matmul orders the weights are prepared for: the policy's own, and any other policy's a
+        # caller plans steps with (`plan_step(..., policy=...)`, e.g. to replay one mechanism at a time)
+        self.matmul_orders = frozenset({policy.matmul}) | matmul_orders
 
     # ------------------------------------------------------------------------- once a model, a step
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeights:
         """What this policy's matmuls read from a weight, made once when the model is built."""
-        return self.executor.prepare_linear(weight, bias, {self.kernel_policy.matmul})
+        return self.executor.prepare_linear(weight, bias, set(self.matmul_orders))
 
-    def plan_step(self, shape: StepShape, dims: ModelDims) -> StepPlan:
-        return plan_step(self.kernel_policy, shape, dims, self.sms)
+    def plan_step(self, shape: StepShape, dims: ModelDims, policy: KernelPolicy | None = None) -> StepPlan:
+        """The step's plan under this Ops' policy, or another whose matmul orders the weights are prepared for."""
+        policy = policy or self.kernel_policy
+        if policy.matmul not in self.matmul_orders:
+            raise ValueError(f"weights are not prepared for {policy.matmul} matmuls")
+        return plan_step(policy, shape, dims, self.sms)
 
     def attention_meta(self, layout: AttentionLayout, group: int, device: torch.device) -> Any:
         """The backend's per-forward attention metadata (masks, row groups), built once for every layer."""

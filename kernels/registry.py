@@ -21,10 +21,13 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
 
 
 def get_ops(policy: str = "native", backend: str = "auto", profile: str = "h100",
-            device: torch.device | str = "cpu", fast_cpu_matmuls: bool = True) -> Ops:
-    """The Ops of a policy spec (`splitk`, `invariant`, `native` or `matmul=splitk,attention=...`).
+            device: torch.device | str = "cpu", fast_cpu_matmuls: bool = True,
+            also_plans: tuple[str, ...] = ()) -> Ops:
+    """The Ops of a policy spec (`splitk`, `invariant`, `native` or `matmul=splitk,attention=...`);
+    `also_plans`: other specs whose steps the same weights must run (one mechanism at a time).
     ValueError naming the choices on a bad policy, backend or profile."""
     parsed = parse_policy(policy)
+    orders = frozenset(parse_policy(p).matmul for p in also_plans)
     get_profile(profile)
     resolved = resolve_backend(backend, device)
     if parsed.name == "native":
@@ -32,7 +35,7 @@ def get_ops(policy: str = "native", backend: str = "auto", profile: str = "h100"
     if resolved == "triton":
         from flakecheck.kernels.triton_backend import TritonBackend
 
-        return Ops(parsed, TritonBackend(), profile)
+        return Ops(parsed, TritonBackend(), profile, orders)
     from flakecheck.kernels.torch_backend import TorchBackend
 
-    return Ops(parsed, TorchBackend(fast_cpu_matmuls), profile)
+    return Ops(parsed, TorchBackend(fast_cpu_matmuls), profile, orders)

@@ -22,6 +22,7 @@ from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.model_runner import ModelRunner, PlannedStep
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.sequence import Completion
+from flakecheck.kernels.policy import KernelPolicy
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Member:
     core: EngineCore
     on_finish: Callable[[Completion], None]
     ready: Callable[[], bool] = field(default=lambda: True)
+    policy: KernelPolicy | None = None  # plans this core's steps (None: the network's own policy)
 
     @property
     def slots(self) -> int:
@@ -61,9 +63,9 @@ class Lockstep:
             raise ValueError(f"a core needs {member.slots} KV slots; the pool has {self.cache.shape[0]}")
         self.pending.append(member)
 
-    def run(self) -> None:
-        """Tick until every member has finished."""
-        while self.pending or self.active:
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Tick until every member has finished, or `until()` holds (checked between ticks)."""
+        while (self.pending or self.active) and not until():
             self._admit()
             proposals: list[tuple[Member, Scheduled]] = []
             for member in list(self.active):
@@ -89,7 +91,7 @@ class Lockstep:
 
     def _tick(self, proposals: list[tuple[Member, Scheduled]]) -> None:
         self.stats.ticks += 1
-        planned = [(member, self.runner.plan(scheduled)) for member, scheduled in proposals]
+        planned = [(member, self.runner.plan(scheduled, member.policy)) for member, scheduled in proposals]
         for batch in _within(planned, self.max_rows):
             steps = [step for _, step in batch]
             rows = sum(n for step in steps for _, n in step.scheduled)

@@ -14,6 +14,7 @@ from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.sampler import greedy_top2
 from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.kernels import AttentionLayout, BatchLayout, Ops, Segment, StepPlan, StepShape
+from flakecheck.kernels.policy import KernelPolicy
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,10 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, cache: KVCache) -> None:
         self.model, self.cache = model, cache
 
-    def plan(self, scheduled: Scheduled) -> PlannedStep:
-        """The step's reduction orders, from its shape alone (once a step, for every layer)."""
-        return PlannedStep(scheduled, self.model.ops.plan_step(step_shape(scheduled), self.model.dims))
+    def plan(self, scheduled: Scheduled, policy: KernelPolicy | None = None) -> PlannedStep:
+        """The step's reduction orders, from its shape alone (once a step, for every layer); under the
+        model's policy, or another the weights are prepared for."""
+        return PlannedStep(scheduled, self.model.ops.plan_step(step_shape(scheduled), self.model.dims, policy))
 
     @torch.inference_mode()
     def forward(self, steps: Seq[PlannedStep]) -> tuple[torch.Tensor, torch.Tensor]:
