@@ -1,0 +1,59 @@
+"""The JSON bodies a probe sends: greedy, with the top-2 logprobs of every token.
+
+Isolation `salt` (the default) keeps requests from reusing each other's cached prompt KV: a
+unique `cache_salt` per request (vLLM: cached blocks are shared only between requests with the
+same salt) and `cache_prompt: false` (llama.cpp's per-request switch). Servers that know neither
+field ignore it; a strict one that rejects them needs `--isolation none`, and then its prefix
+cache must be turned off on the server (vLLM `--no-enable-prefix-caching`, SGLang
+`--disable-radix-cache`) or a probe measures the cache along with the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flakecheck.suite import Messages
+
+APIS = ("chat", "completions")
+ISOLATIONS = ("salt", "none")
+
+
+@dataclass(frozen=True)
+class CasePrompt:
+    """One case as the server is sent it."""
+
+    case_id: str
+    api: str  # chat | completions
+    prompt: str | Messages
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class BodyOptions:
+    model: str
+    isolation: str = "salt"
+    token_ids: bool = True  # vLLM's return_tokens_as_token_ids; dropped for a server that rejects it
+
+
+def completion_body(options: BodyOptions, api: str, prompt: str | Messages, max_tokens: int, *,
+                    salt: str | None, share_cache: bool = False, logprobs: bool = True) -> dict[str, Any]:
+    """A greedy request; `salt` names the requests allowed to share cached prefixes (None: the server's
+    default); `share_cache` lets llama.cpp reuse its slot's cache (the prefix level's warm-up pair)."""
+    body: dict[str, Any] = {"model": options.model, "max_tokens": max_tokens, "temperature": 0, "n": 1,
+                            "stream": False}
+    if api == "chat":
+        body["messages"] = prompt
+        if logprobs:
+            body.update(logprobs=True, top_logprobs=2)
+    else:
+        body["prompt"] = prompt
+        if logprobs:
+            body["logprobs"] = 2
+    if logprobs and options.token_ids:
+        body["return_tokens_as_token_ids"] = True
+    if options.isolation == "salt":
+        if salt is not None:
+            body["cache_salt"] = salt
+        body["cache_prompt"] = share_cache
+    return body
