@@ -53,6 +53,7 @@ class Behaviour:
     reject_fields: tuple[str, ...] = ()
     models_route: bool = True
     not_openai: bool = False
+    fail_salt: str | None = None  # answer 500 to every request whose cache_salt contains this
 
 
 @dataclass
@@ -119,6 +120,8 @@ def make_app(b: Behaviour, record: Record) -> FastAPI:
         record.authorizations[request.headers.get("authorization")] += 1
         body = await request.json()
         record.bodies.append(body)
+        if b.fail_salt and b.fail_salt in body.get("cache_salt", ""):
+            return JSONResponse({"error": {"message": "internal error"}}, status_code=500)
         rejected = [f for f in b.reject_fields if f in body]
         if rejected:
             return JSONResponse({"error": {"message": f"Unrecognized request argument supplied: {rejected[0]}",
