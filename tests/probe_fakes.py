@@ -43,7 +43,9 @@ def _unit(*parts: Any) -> float:
 @dataclass
 class Behaviour:
     model: str = "fake-model"
-    shape: str = "vllm"  # vllm: token_id placeholders when asked; llamacpp: `id` fields + content[]; text
+    # vllm: "token_id:N" when asked (bytes spell the placeholder); serve: the same with the token's real
+    # bytes (flakecheck serve); llamacpp: `id` fields + content[] everywhere; text: no ids at all
+    shape: str = "vllm"
     legacy_completions: bool = True  # /v1/completions in the legacy shape (llamacpp: always content[])
     logprobs: bool = True
     version: str | None = "0.0-fake"
@@ -84,9 +86,10 @@ def _text(token_id: int) -> str:
 
 
 def _entry(token_id: int, logprob: float, shape: str, as_ids: bool) -> dict[str, Any]:
-    if shape == "vllm" and as_ids:
+    if shape in ("vllm", "serve") and as_ids:
         token = f"token_id:{token_id}"
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+        return {"token": token, "logprob": logprob,
+                "bytes": list(token.encode() if shape == "vllm" else VOCAB[token_id])}
     entry = {"token": _text(token_id), "logprob": logprob, "bytes": list(VOCAB[token_id])}
     if shape == "llamacpp":
         entry["id"] = token_id

@@ -103,7 +103,7 @@ def test_probe_output_is_identical_through_a_faulty_proxy(fake, tmp_path: Path) 
     assert clean.cases.status.tolist() == faulty.cases.status.tolist()
 
 
-@pytest.mark.parametrize("shape, chat", [("llamacpp", False), ("text", True), ("text", False)])
+@pytest.mark.parametrize("shape, chat", [("llamacpp", False), ("text", True), ("text", False), ("serve", True)])
 def test_every_answer_shape_gives_the_same_tokens(fake, tmp_path: Path, shape: str, chat: bool) -> None:
     url, behaviour, _ = fake
     behaviour.batch_variance = False
@@ -111,7 +111,7 @@ def test_every_answer_shape_gives_the_same_tokens(fake, tmp_path: Path, shape: s
     reference = probe(suite, url, tmp_path / "vllm", concurrency=(1,))
     behaviour.shape = shape
     other = probe(suite, url, tmp_path / shape, concurrency=(1,))
-    assert other.meta["server"]["token_ids"] == ("server" if shape == "llamacpp" else "interned")
+    assert other.meta["server"]["token_ids"] == ("interned" if shape == "text" else "server")
     assert reference.runs.text.tolist() == other.runs.text.tolist()
     assert reference.runs.n_tokens.tolist() == other.runs.n_tokens.tolist()
     assert reference.tokens.token.tolist() == other.tokens.token.tolist()

@@ -52,6 +52,13 @@ def test_legacy_completions_with_vllm_token_id_placeholders() -> None:
     assert second is not None and second[0].id == 4 and second[1] == -9999.0  # -inf floored like vLLM
 
 
+def test_a_placeholder_with_the_real_bytes_keeps_them() -> None:
+    body = chat_body([{"token": "token_id:5", "logprob": -0.1, "bytes": [32, 120],
+                       "top_logprobs": [{"token": "token_id:6", "logprob": -2.0, "bytes": list(b"token_id:6")}]}])
+    step = parse_answer(body, "chat").steps[0]
+    assert (step.token.id, step.token.raw) == (5, b" x") and step.alternatives[0][0].raw is None
+
+
 def test_llamacpp_completions_content_shape_uses_its_ids() -> None:
     body = {"choices": [{"text": "€", "finish_reason": "length", "logprobs": {"content": [
         {"id": 11, "token": "", "bytes": [226, 130], "logprob": -0.3,

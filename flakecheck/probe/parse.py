@@ -163,8 +163,10 @@ def _ref(entry: dict[str, Any], where: str) -> TokenRef:
         token_id = None
     placeholder = TOKEN_ID_PLACEHOLDER.fullmatch(text)
     if placeholder:
-        # The placeholder is all the server said about the token; its "bytes" spell the placeholder.
-        return TokenRef(int(placeholder.group(1)), text, None)
+        # vLLM's "bytes" then spell the placeholder itself (no information); a server that sends the
+        # token's real bytes beside the placeholder gives us its text too.
+        real = raw_bytes if raw_bytes is not None and raw_bytes != text.encode("utf-8") else None
+        return TokenRef(int(placeholder.group(1)), text, real)
     return TokenRef(token_id, text, raw_bytes)
 
 

@@ -46,6 +46,8 @@ class Vocab:
                 self._placeholders.add(token_id)
             return
         if token_id in self._texts and token_id not in self._placeholders:
+            if ref.raw is not None:
+                self._raw.setdefault(token_id, ref.raw)
             return
         self._placeholders.discard(token_id)
         self._texts[token_id] = ref.raw.decode("utf-8", errors="replace") if ref.raw is not None else ref.text
