@@ -1,0 +1,88 @@
+"""`flakecheck probe` against the real `flakecheck serve` (tiny wide random model, loopback port):
+split-K kernels show batch variance that the probe reports where the tokens diverge; fixed-order
+kernels show none, bitwise; a faulty network between them changes nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+
+from flakecheck.engine import LoadedModel, load_model
+from flakecheck.probe import ProbeConfig, probe_suite
+from flakecheck.serve.app import build_app
+from flakecheck.serve.server import BackgroundServer
+from flakecheck.serve.state import ServeSettings, build_state
+from tests.probe_fakes import FaultProxy
+from tests.test_probe_fake_server import recomputed_first_divergence
+
+TOPICS = ["the capital of France", "adding two numbers", "a JSON record for Ada", "the sea at morning",
+          "primes below twenty", "a haiku about wind", "the letter A", "London in winter", "the number 42",
+          "rivers and stones", "a function that adds", "the answer to a question"]
+
+
+def write_suite(path: Path) -> Path:
+    lines = []
+    for i in range(3 * len(TOPICS)):
+        topic = TOPICS[i % len(TOPICS)]
+        text = f"Tell me about {topic}. " * (1 + i % 7)  # prompts of 10 to 100-odd tokens
+        lines.append(json.dumps({"id": f"s{i}", "input": [{"role": "user", "content": text}], "max_tokens": 24}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def served_model(tiny_wide_model_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_wide_model_dir), "bfloat16")
+
+
+@contextlib.contextmanager
+def serving(model: LoadedModel, kernels: str) -> Iterator[str]:
+    state = build_state(ServeSettings(model="tiny-wide", kernels=kernels, max_num_seqs=32), model)
+    with BackgroundServer(build_app(state)) as url:
+        yield url
+
+
+def probe(suite: Path, url: str, out: Path):
+    return probe_suite(ProbeConfig(suite, url, out=out, concurrency=(1, 8, 32), html=False))
+
+
+def peak_batch(url: str) -> int:
+    return int(httpx.get(f"{url}/stats").json()["peak_running_seqs"])
+
+
+def test_splitk_server_diverges_under_load_where_the_tokens_do(served_model, tmp_path: Path) -> None:
+    with serving(served_model, "splitk") as url:
+        run = probe(write_suite(tmp_path / "s.jsonl"), url, tmp_path / "run")
+        assert peak_batch(url) >= 8  # the server's own count: the load was batched, not queued
+    diverged = run.cases[run.cases.status.isin(["flaky", "verdict_flaky"])]
+    assert len(diverged) >= 1
+    recomputed = recomputed_first_divergence(run.runs)
+    for row in run.cases.itertuples():
+        reported = None if pd.isna(row.first_divergence) else int(row.first_divergence)
+        assert reported == recomputed[row.case_id]
+    assert run.meta["server"]["token_ids"] == "server" and run.meta["server"]["version"]
+
+
+def test_invariant_server_is_bitwise_identical_at_every_load_even_through_faults(served_model, tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "s.jsonl")
+    with serving(served_model, "invariant") as url:
+        clean = probe(suite, url, tmp_path / "clean")
+        assert peak_batch(url) >= 8
+        with FaultProxy(url) as proxy:
+            faulty = probe(suite, proxy.url, tmp_path / "faulty")
+    assert clean.runs.first_divergence.isna().all() and set(clean.cases.status) <= {"stable", "fragile"}
+    per_step = clean.tokens.groupby(["case_id", "step"])
+    assert (per_step.token_id.nunique() == 1).all()
+    assert (per_step.top1_logprob.nunique() == 1).all() and (per_step.top2_logprob.nunique() == 1).all()
+    assert proxy.faults["503"] + proxy.faults["drop before"] + proxy.faults["drop after"] > 0
+    key = ["case_id", "composition", "repeat", "step"]
+    a, b = clean.tokens.sort_values(key).reset_index(drop=True), faulty.tokens.sort_values(key).reset_index(drop=True)
+    assert a[["token_id", "top1_logprob", "top2_id", "top2_logprob"]].equals(
+        b[["token_id", "top1_logprob", "top2_id", "top2_logprob"]])
+    assert clean.cases.status.tolist() == faulty.cases.status.tolist()
