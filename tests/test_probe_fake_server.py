@@ -13,6 +13,7 @@ import pytest
 
 from flakecheck import cli
 from flakecheck.analysis import first_divergence
+from flakecheck.errors import UserError
 from flakecheck.probe import ProbeConfig, ProbeFailed, probe_suite
 from flakecheck.rundir import load_run
 from tests.probe_fakes import Behaviour, FaultProxy, Record, ThreadedServer, free_port, make_app
@@ -237,3 +238,31 @@ def test_report_and_gate_read_a_probe_run(fake, tmp_path: Path, capfd) -> None:
     assert code == (1 if diverged else 0)
     code, output = run_cli(["report", str(out), "--format", "json"], capfd)
     assert code == 0 and json.loads(output)
+
+
+def test_ctrl_c_keeps_the_finished_levels_and_resume_finishes(fake, tmp_path: Path, monkeypatch) -> None:
+    from flakecheck.probe import ProbeInterrupted
+    from flakecheck.progress import ReplayProgress
+
+    url, _, record = fake
+    out = tmp_path / "run"
+    config = ProbeConfig(write_suite(tmp_path / "s.jsonl"), url, out=out, html=False, concurrency=(1, 8))
+    original = ReplayProgress.case_done
+
+    def interrupt_in_c8(self, trace) -> None:
+        if trace.composition == "c8":
+            raise KeyboardInterrupt
+        original(self, trace)
+
+    monkeypatch.setattr(ReplayProgress, "case_done", interrupt_in_c8)
+    with pytest.raises(ProbeInterrupted, match="1 of 2 load levels") as info:
+        probe_suite(config)
+    assert f"--out {out}" in str(info.value) and str(info.value).endswith("--resume")
+    assert (out / "partial" / "c1.r0.parquet").is_file() and not (out / "partial" / "c8.r0.parquet").exists()
+    monkeypatch.setattr(ReplayProgress, "case_done", original)
+    with pytest.raises(UserError, match="cannot resume, the run's settings differ in: max_tokens"):
+        probe_suite(config.with_changes(max_tokens=5), resume=True)  # other traces: refused
+    record.bodies.clear()
+    run = probe_suite(config, resume=True)
+    assert not any("-c1-" in b.get("cache_salt", "") for b in record.bodies)
+    assert len(run.runs) == 2 * len(QUESTIONS)
