@@ -161,7 +161,29 @@ def render(result: Comparison) -> None:
                       f"median |step A - step B| = {steps.median_abs_diff:g}")
     else:
         console.print("first divergence: no case diverged in both runs")
+    disagree = [c for c in result.cases if c["category"] in ("a_only", "b_only")]
+    if disagree:
+        console.print(_disagreement_table(disagree))
     for tag, ids in (("A", result.only_in_a), ("B", result.only_in_b)):
         if ids:
             shown = ", ".join(escape(i) for i in ids[:20]) + (f" (+{len(ids) - 20} more)" if len(ids) > 20 else "")
             console.print(f"[yellow]only in {tag} ({len(ids)}):[/] {shown}")
+
+
+def _disagreement_table(cases: list[dict[str, Any]], top: int = 10):
+    """The cases one run saw diverge and the other did not, riskiest in A first."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    ranked = sorted(cases, key=lambda c: (-(c["risk_a"] or 0.0), c["case_id"]))[:top]
+    table = Table(title=f"diverged in one run only ({len(cases)}, {len(ranked)} shown)", title_justify="left",
+                  show_edge=False)
+    for name, justify in (("case", "left"), ("status A", "left"), ("status B", "left"), ("risk A", "right"),
+                          ("step A", "right"), ("step B", "right")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for c in ranked:
+        table.add_row(escape(c["case_id"]), c["status_a"], c["status_b"],
+                      "—" if c["risk_a"] is None else f"{c['risk_a']:.2f}",
+                      "—" if c["first_divergence_a"] is None else str(c["first_divergence_a"]),
+                      "—" if c["first_divergence_b"] is None else str(c["first_divergence_b"]))
+    return table

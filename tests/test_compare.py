@@ -86,6 +86,7 @@ def test_compare_cli_json_and_terminal(tmp_path: Path, capfd) -> None:
     assert code == 0 and data["auroc"]["value"] == pytest.approx(0.75) and data["only_in_b"] == ["only-b"]
     code, output = run_cli(["compare", str(a), str(b)], capfd)
     assert code == 0 and "0.750" in output and "only in A (1): only-a" in output
+    assert "diverged in one run only (2, 2 shown)" in output and "verdict_flaky" in output
 
 
 def test_compare_bad_inputs_exit_2(tmp_path: Path, capfd) -> None:

@@ -151,12 +151,15 @@ def test_client_retries_429_5xx_and_resets_then_succeeds() -> None:
             raise httpx.ReadError("connection reset by peer")
         if n == 3:
             return httpx.Response(503, text="busy")
+        if n == 4:
+            raise httpx.ReadTimeout("timed out")
         return httpx.Response(200, json=OK)
 
     client, slept = _client(handler, RetryPolicy(attempts=6, max_wait_s=60))
     answer = asyncio.run(client.complete("chat", {"model": "m"}))
-    assert answer.text == "hi" and len(calls) == 4 and slept[0] >= 7.0
-    assert client.stats.retried == 1 and client.stats.failures == {"http 429": 1, "connection": 1, "http 503": 1}
+    assert answer.text == "hi" and len(calls) == 5 and slept[0] >= 7.0
+    assert client.stats.retried == 1
+    assert client.stats.failures == {"http 429": 1, "connection": 1, "http 503": 1, "timeout": 1}
 
 
 def test_client_gives_up_after_bounded_attempts_and_never_retries_a_400() -> None:

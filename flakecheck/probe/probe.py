@@ -9,24 +9,25 @@ finished levels kept, and the message names the failed cases (see flakecheck.pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from flakecheck.analysis import Thresholds
 from flakecheck.errors import InputError, UserError
 from flakecheck.finish import TokenTexts, write_run
 from flakecheck.probe.bodies import CasePrompt
-from flakecheck.probe.client import ServerClient
+from flakecheck.probe.client import ClientStats, RequestFailed, ServerClient
 from flakecheck.probe.config import ProbeConfig
 from flakecheck.probe.discover import ServerInfo, check_prompts, discover
 from flakecheck.probe.endpoint import Endpoint
 from flakecheck.probe.levels import REFERENCE, LoadLevel, make_levels
 from flakecheck.probe.retries import RetryPolicy
-from flakecheck.probe.runner import LevelFailed, run_level
+from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
 from flakecheck.probe.store import ProbeStore
 from flakecheck.probe.vocab import Vocab
 from flakecheck.rundir import RunData
@@ -62,13 +63,14 @@ def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = F
     started = time.perf_counter()
     probe = _prepare(config, resume, client_factory)
     timings: dict[str, Any] = {"load_s": time.perf_counter() - started}
-    traces, texts, server = _probe_levels(probe, resume, progress, client_factory)
-    timings["replay_s"] = server.pop("seconds")
-    vocab = server.pop("vocab")
-    run = write_run(probe.store.directory, probe.suite, traces, REFERENCE,
-                    Thresholds(config.gap_threshold, config.gap_window),
-                    TokenTexts(lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text),
-                    _meta(probe, server), timings)
+    with _interruptible(probe):
+        traces, texts, tally = _probe_levels(probe, resume, progress, client_factory)
+        timings["replay_s"] = tally.seconds
+        vocab = tally.vocab
+        run = write_run(probe.store.directory, probe.suite, traces, REFERENCE,
+                        Thresholds(config.gap_threshold, config.gap_window),
+                        TokenTexts(lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text),
+                        _meta(probe, tally), timings)
     if config.html:
         from flakecheck.reports.html import write_html
 
@@ -156,65 +158,87 @@ def _with_client(config: ProbeConfig, endpoint: Endpoint, api_key: str | None, c
     return asyncio.run(main())
 
 
+@dataclass
+class _Tally:
+    """What the probe saw of the server, for meta.json."""
+
+    vocab: Vocab
+    seconds: float = 0.0
+    requests: int = 0
+    attempts: int = 0
+    retried: int = 0
+    failed_attempts: dict[str, int] = field(default_factory=dict)
+    fingerprints: set[str] = field(default_factory=set)
+    levels: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def add_client(self, stats: ClientStats) -> None:
+        self.requests += stats.requests
+        self.attempts += stats.attempts
+        self.retried += stats.retried
+        for kind, n in stats.failures.items():
+            self.failed_attempts[kind] = self.failed_attempts.get(kind, 0) + n
+
+
 def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_factory: Callable[..., ServerClient]
-                  ) -> tuple[list[Trace], dict[tuple[int, ...], str], dict[str, Any]]:
+                  ) -> tuple[list[Trace], dict[tuple[int, ...], str], _Tally]:
+    """Every (level, repeat) in turn, each saved as soon as it is done (or read back on --resume).
+    Returns the traces, the server's text per token sequence, and the tally."""
     from flakecheck.analysis import run_label
     from flakecheck.progress import ReplayProgress
 
     config, store = probe.config, probe.store
-    vocab = store.load_vocab() if resume else Vocab()
+    tally = _Tally(store.load_vocab() if resume else Vocab())
     work = [(level, r) for r in range(config.repeat) for level in probe.levels]
     traces: list[Trace] = []
     texts: dict[tuple[int, ...], str] = {}
-    server: dict[str, Any] = {"seconds": 0.0, "fingerprints": set(), "levels": {}, "requests": 0, "attempts": 0,
-                              "retried": 0, "failures": {}}
     with ReplayProgress(len(work) * len(probe.cases), enabled=show_progress) as bar:
         for level, repeat in work:
             label = run_label(level.name, repeat)
             saved = store.saved_level(level.name, repeat)
             if saved is None:
                 bar.start(label)
-                result, stats = _run_one_level(probe, level, repeat, vocab, bar.case_done, client_factory)
-                store.save_level(level.name, repeat, result, vocab)
-                saved = result.traces, {"answers": result.answers, "seconds": result.seconds,
-                                        "fillers_sent": result.fillers_sent, "fillers_failed": result.fillers_failed}
-                for key in ("requests", "attempts", "retried"):
-                    server[key] += getattr(stats, key)
-                for kind, n in stats.failures.items():
-                    server["failures"][kind] = server["failures"].get(kind, 0) + n
+                result, stats = _run_one_level(probe, level, repeat, tally.vocab, bar.case_done, client_factory)
+                store.save_level(level.name, repeat, result, tally.vocab)
+                tally.add_client(stats)
+                saved = store.saved_level(level.name, repeat)
+                assert saved is not None
             else:
                 bar.skip(label, len(saved[0]))
             level_traces, extras = saved
             traces.extend(level_traces)
-            server["seconds"] += extras["seconds"]
-            server["levels"][label] = {k: extras.get(k) for k in ("seconds", "fillers_sent", "fillers_failed")}
+            tally.seconds += extras["seconds"]
+            tally.levels[label] = {k: extras.get(k) for k in ("seconds", "fillers_sent", "fillers_failed")}
             for trace in level_traces:
                 answer = extras["answers"][trace.case_id]
                 texts[tuple(trace.token_ids)] = answer["text"]
                 if answer.get("system_fingerprint"):
-                    server["fingerprints"].add(answer["system_fingerprint"])
-    if vocab.needs_text():
-        _fill_token_texts(probe, vocab, client_factory)
-        store.save_vocab(vocab)
-    server["vocab"] = vocab
-    return traces, texts, server
+                    tally.fingerprints.add(answer["system_fingerprint"])
+    if tally.vocab.needs_text():
+        _fill_token_texts(probe, tally.vocab, client_factory)
+        store.save_vocab(tally.vocab)
+    return traces, texts, tally
 
 
 def _run_one_level(probe: _Probe, level: LoadLevel, repeat: int, vocab: Vocab, on_case_done: Callable[[Trace], None],
-                   client_factory: Callable[..., ServerClient]):
-    config = probe.config
-
-    async def work(client: ServerClient):
+                   client_factory: Callable[..., ServerClient]) -> tuple[LevelResult, ClientStats]:
+    async def work(client: ServerClient) -> tuple[LevelResult, ClientStats]:
         result = await run_level(client, probe.info.options, level, repeat, probe.cases, vocab, on_case_done)
         return result, client.stats
 
     try:
-        return _with_client(config, probe.endpoint, probe.api_key, level.concurrency + level.fillers + 2,
+        return _with_client(probe.config, probe.endpoint, probe.api_key, level.concurrency + level.fillers + 2,
                             client_factory, work)
-    except KeyboardInterrupt:
-        raise ProbeInterrupted(_saved_message(probe, "interrupted")) from None
     except LevelFailed as exc:
         raise ProbeFailed(f"{exc}. {_saved_message(probe, 'stopped')}") from None
+
+
+@contextlib.contextmanager
+def _interruptible(probe: _Probe) -> Iterator[None]:
+    """Ctrl-C becomes a ProbeInterrupted that says what was saved and how to continue."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise ProbeInterrupted(_saved_message(probe, "interrupted")) from None
 
 
 def _saved_message(probe: _Probe, what: str) -> str:
@@ -236,8 +260,6 @@ def _fill_token_texts(probe: _Probe, vocab: Vocab, client_factory: Callable[...,
     url = probe.endpoint.root("/detokenize")
 
     async def work(client: ServerClient) -> None:
-        from flakecheck.probe.client import RequestFailed
-
         gate = asyncio.Semaphore(8)
         broken = asyncio.Event()
 
@@ -260,7 +282,7 @@ def _fill_token_texts(probe: _Probe, vocab: Vocab, client_factory: Callable[...,
     _with_client(probe.config, probe.endpoint, probe.api_key, 8, client_factory, work)
 
 
-def _meta(probe: _Probe, server: dict[str, Any]) -> dict[str, Any]:
+def _meta(probe: _Probe, tally: _Tally) -> dict[str, Any]:
     config, info = probe.config, probe.info
     n_chat = sum(c.api == "chat" for c in probe.cases)
     return {
@@ -277,11 +299,11 @@ def _meta(probe: _Probe, server: dict[str, Any]) -> dict[str, Any]:
         "compositions": [level.to_dict() for level in probe.levels],
         "server": {
             "endpoint": probe.endpoint.public, "model": info.model, "models_listed": info.models,
-            "version": info.version, "system_fingerprints": sorted(server["fingerprints"]),
+            "version": info.version, "system_fingerprints": sorted(tally.fingerprints),
             "token_ids": info.token_ids, "return_tokens_as_token_ids": info.options.token_ids,
             "isolation": config.isolation, "api": {"chat": n_chat, "completions": len(probe.cases) - n_chat},
-            "requests": server["requests"], "attempts": server["attempts"], "retried": server["retried"],
-            "failed_attempts": server["failures"], "levels": server["levels"],
+            "requests": tally.requests, "attempts": tally.attempts, "retried": tally.retried,
+            "failed_attempts": tally.failed_attempts, "levels": tally.levels,
         },
         "device": {"type": "server", "endpoint": probe.endpoint.public},
     }
