@@ -90,6 +90,9 @@ def _entry(token_id: int, logprob: float, shape: str, as_ids: bool) -> dict[str,
         token = f"token_id:{token_id}"
         return {"token": token, "logprob": logprob,
                 "bytes": list(token.encode() if shape == "vllm" else VOCAB[token_id])}
+    if shape == "mixed" and as_ids and token_id % 2:  # a broken server: ids for some tokens only
+        token = f"token_id:{token_id}"
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
     entry = {"token": _text(token_id), "logprob": logprob, "bytes": list(VOCAB[token_id])}
     if shape == "llamacpp":
         entry["id"] = token_id

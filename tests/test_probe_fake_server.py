@@ -170,6 +170,13 @@ def test_a_request_that_fails_for_good_stops_the_probe_and_resume_continues(fake
     assert len(run.runs) == 2 * len(QUESTIONS) and not (out / "partial").exists()
 
 
+def test_an_answer_that_cannot_be_read_stops_the_level_with_its_case_named(fake, tmp_path: Path) -> None:
+    url, behaviour, _ = fake
+    behaviour.shape = "mixed"
+    with pytest.raises(ProbeFailed, match=r"case 'q\d+': unusable answer: the server reported token ids for some"):
+        probe(write_suite(tmp_path / "s.jsonl"), url, tmp_path / "run", concurrency=(1,))
+
+
 def run_cli(argv: list[str], capfd) -> tuple[int, str]:
     old = sys.argv
     sys.argv = ["flakecheck", *argv]

@@ -18,7 +18,7 @@ from typing import Any
 from flakecheck.probe.bodies import BodyOptions, CasePrompt, completion_body
 from flakecheck.probe.client import RequestFailed, ServerClient
 from flakecheck.probe.levels import LoadLevel, filler
-from flakecheck.probe.parse import FLOOR_LOGPROB, Answer
+from flakecheck.probe.parse import FLOOR_LOGPROB, Answer, AnswerError
 from flakecheck.probe.vocab import MISSING, Vocab
 from flakecheck.replay import Trace
 
@@ -83,10 +83,13 @@ async def run_level(client: ServerClient, options: BodyOptions, level: LoadLevel
             case = queue.pop()
             try:
                 answer = await send(case)
+                trace = trace_from_answer(case.case_id, level.name, repeat, answer, vocab)
             except RequestFailed as exc:
                 failures.append((case.case_id, exc))
                 return
-            trace = trace_from_answer(case.case_id, level.name, repeat, answer, vocab)
+            except AnswerError as exc:  # e.g. token ids for some tokens and only text for others
+                failures.append((case.case_id, RequestFailed(f"unusable answer: {exc}", 1, False)))
+                return
             done[case.case_id] = (trace, answer)
             on_case_done(trace)
 
@@ -96,8 +99,8 @@ async def run_level(client: ServerClient, options: BodyOptions, level: LoadLevel
         while not cases_over.is_set():
             f = filler(k, level.name, repeat)
             prompt = f.prompt if api == "completions" else [{"role": "user", "content": f.prompt}]
-            body = completion_body(options, api, prompt, f.max_tokens, salt=f"flakecheck-{RUN_NONCE}-filler-{k}",
-                                   logprobs=False)
+            salt = f"flakecheck-{RUN_NONCE}-{level.name}-{repeat}-filler-{k}"
+            body = completion_body(options, api, prompt, f.max_tokens, salt=salt, logprobs=False)
             result.fillers_sent += 1
             try:
                 await client.complete(api, body, logprobs_required=False)
@@ -115,7 +118,10 @@ async def run_level(client: ServerClient, options: BodyOptions, level: LoadLevel
         cases_over.set()
         for task in [*workers, *fillers]:
             task.cancel()
-        await asyncio.gather(*workers, *fillers, return_exceptions=True)
+        outcomes = await asyncio.gather(*workers, *fillers, return_exceptions=True)
+    for outcome in outcomes:  # a bug, not a server fault: surface it rather than lose it in a task
+        if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
+            raise outcome
     if failures:
         raise LevelFailed(level.name, repeat, failures, len(queue))
     for case in cases:
