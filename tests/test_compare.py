@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flakecheck import cli
 from flakecheck.compare import auroc, compare_runs
@@ -99,3 +101,17 @@ def test_compare_bad_inputs_exit_2(tmp_path: Path, capfd) -> None:
         code, output = run_cli(argv, capfd)
         assert code == 2, (argv, output)
         assert "Traceback" not in output
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.1, 0.37, 0.5, 1.0]), st.booleans()), min_size=2, max_size=30))
+def test_auroc_is_the_pair_count_and_flips_with_the_score(pairs) -> None:
+    scores, labels = [s for s, _ in pairs], [y for _, y in pairs]
+    result = auroc(scores, labels)
+    pos = [s for s, y in pairs if y]
+    neg = [s for s, y in pairs if not y]
+    if not pos or not neg:
+        assert result.value is None
+        return
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    assert result.value == pytest.approx(wins / (len(pos) * len(neg)))
+    assert result.value + auroc([-s for s in scores], labels).value == pytest.approx(1.0)

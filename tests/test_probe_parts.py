@@ -9,6 +9,8 @@ import time
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flakecheck.errors import UserError
 from flakecheck.probe.client import RequestFailed, ServerClient
@@ -216,3 +218,24 @@ def test_levels_reference_first_shuffle_seeded_fillers_seeded() -> None:
     assert shuffled == levels[1].order(10, 0) and shuffled != levels[1].order(10, 1)
     lengths = {len(filler(k, "c8+f4", 0).prompt.split()) for k in range(30)}
     assert filler(3, "c8", 0) == filler(3, "c8", 0) and len(lengths) > 10  # mixed lengths, reproducible
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([-0.5, -1.0, -1.0, -2.25, -9999.0])), min_size=1,
+                max_size=6), st.integers(0, 5), st.sampled_from([-0.5, -1.0, -2.25]))
+def test_top2_is_the_best_two_distinct_tokens_with_the_chosen_one_winning_ties(alternatives, chosen, chosen_lp) -> None:
+    from flakecheck.probe.parse import Step, TokenRef
+
+    step = Step(TokenRef(chosen, f"token_id:{chosen}"),
+                chosen_lp, tuple((TokenRef(i, f"token_id:{i}"), lp) for i, lp in alternatives))
+    (first, lp1), second = step.top2()
+    best: dict[int, float] = {chosen: chosen_lp}
+    for i, lp in alternatives:
+        best[i] = max(best.get(i, lp), lp)
+    assert lp1 == max(best.values())
+    if best[chosen] == lp1:
+        assert first.id == chosen
+    if len(best) == 1:
+        assert second is None
+    else:
+        assert second is not None and second[0].id != first.id
+        assert second[1] == max(lp for i, lp in best.items() if i != first.id)
