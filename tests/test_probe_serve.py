@@ -86,3 +86,22 @@ def test_invariant_server_is_bitwise_identical_at_every_load_even_through_faults
     assert a[["token_id", "top1_logprob", "top2_id", "top2_logprob"]].equals(
         b[["token_id", "top1_logprob", "top2_id", "top2_logprob"]])
     assert clean.cases.status.tolist() == faulty.cases.status.tolist()
+
+
+def test_a_serial_probe_of_serve_reproduces_the_simulated_solo_run_bitwise(served_model, tmp_path: Path) -> None:
+    import flakecheck
+    from flakecheck.compositions import Composition
+
+    suite = write_suite(tmp_path / "s.jsonl")
+    with serving(served_model, "splitk") as url:
+        probed = probe_suite(ProbeConfig(suite, url, out=tmp_path / "probe", concurrency=(1,), html=False))
+    simulated = flakecheck.run_suite(suite, model=served_model, kernels="splitk", compositions=[Composition("solo")],
+                                     out=tmp_path / "sim", html=False)
+    key = ["case_id", "step"]
+    a = simulated.tokens.sort_values(key).reset_index(drop=True)
+    b = probed.tokens.sort_values(key).reset_index(drop=True)
+    # the same engine, one sequence at a time: over HTTP, every token id and logprob comes back exactly
+    assert len(a) == len(b) > 0
+    for column in ("case_id", "step", "token_id", "top1_logprob", "top2_id", "top2_logprob"):
+        assert a[column].tolist() == b[column].tolist(), column
+    assert simulated.runs.sort_values("case_id").text.tolist() == probed.runs.sort_values("case_id").text.tolist()
