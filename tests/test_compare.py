@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from flakecheck import cli
 from flakecheck.compare import auroc, compare_runs
-from flakecheck.rundir import CASES_SCHEMA, RUNS_SCHEMA, TOKENS_SCHEMA, load_run, to_table, write_json, write_table
+from flakecheck.rundir import RunDirectory, load_run
 
 
 def make_run(path: Path, cases: dict[str, tuple[str, float, int | None]], source: str = "engine") -> Path:
@@ -22,11 +22,10 @@ def make_run(path: Path, cases: dict[str, tuple[str, float, int | None]], source
              "ref_token": None, "alt_token": None, "gap_at_divergence": None, "min_gap": 0.1, "n_near_ties": 0,
              "pass_rate": None, "verdict_flip": status == "verdict_flaky", "risk": risk}
             for case_id, (status, risk, step) in cases.items()]
-    write_table(path / "runs.parquet", to_table([], RUNS_SCHEMA))
-    write_table(path / "tokens.parquet", to_table([], TOKENS_SCHEMA))
-    write_table(path / "cases.parquet", to_table(rows, CASES_SCHEMA))
-    write_json(path / "meta.json", {"source": source, "model": "m", "policy": "splitk", "suite_sha256": "abc",
-                                    "compositions": [{"name": "solo"}, {"name": "b"}]})
+    directory = RunDirectory(path)
+    directory.write_tables([], [], rows)
+    directory.write_meta({"source": source, "model": "m", "policy": "splitk", "suite_sha256": "abc",
+                          "compositions": [{"name": "solo"}, {"name": "b"}]})
     return path
 
 

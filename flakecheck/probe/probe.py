@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from flakecheck.analysis import Thresholds
 from flakecheck.errors import InputError, UserError
+from flakecheck.finish import TokenTexts, write_run
 from flakecheck.probe.bodies import CasePrompt
 from flakecheck.probe.client import ClientStats, RequestFailed, ServerClient
 from flakecheck.probe.config import ProbeConfig
@@ -29,9 +30,9 @@ from flakecheck.probe.retries import RetryPolicy
 from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
 from flakecheck.probe.store import ProbeStore
 from flakecheck.probe.vocab import Vocab
-from flakecheck.replay import Trace
 from flakecheck.rundir import RunData
 from flakecheck.suite import Suite, load_suite
+from flakecheck.traces import Trace
 
 T = TypeVar("T")
 
@@ -66,16 +67,17 @@ def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = F
         traces, texts, tally = _probe_levels(probe, resume, progress, client_factory)
         timings["replay_s"] = tally.seconds
         vocab = tally.vocab
-        run = probe.store.write_run(probe.suite, traces, REFERENCE, Thresholds(config.gap_threshold, config.gap_window),
-                                    lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text,
-                                    _meta(probe, tally), timings)
+        run = write_run(probe.store.directory, probe.suite, traces, REFERENCE,
+                        Thresholds(config.gap_threshold, config.gap_window),
+                        TokenTexts(lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text),
+                        _meta(probe, tally), timings)
     if config.html:
         from flakecheck.reports.html import write_html
 
-        write_html(run, probe.store.html_path)
+        write_html(run, probe.store.directory.html_path)
     timings["total_s"] = time.perf_counter() - started
     run.meta["timings"] = timings
-    probe.store.write_meta(run.meta)
+    probe.store.directory.write_meta(run.meta)
     return run
 
 
@@ -98,7 +100,7 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
     out = config.out if config.out is not None else _default_out(suite.path)
     config = config.with_changes(out=out)
     store = ProbeStore(out)
-    store.begin(_fingerprint(config, suite, cases, levels, endpoint, info), resume)
+    store.directory.begin(_fingerprint(config, suite, cases, levels, endpoint, info), resume)
     return _Probe(config, suite, cases, levels, endpoint, api_key, info, store)
 
 
@@ -244,10 +246,10 @@ def _saved_message(probe: _Probe, what: str) -> str:
 
     config = probe.config
     work = [(level.name, r) for r in range(config.repeat) for level in probe.levels]
-    finished = probe.store.n_saved(work)
+    finished = probe.store.directory.n_saved(work)
     assert config.out is not None
     names = ", ".join(run_label(n, r) for n, r in work)
-    return (f"{what}: {finished} of {len(work)} load levels ({names}) saved in {probe.store.partial_dir}; "
+    return (f"{what}: {finished} of {len(work)} load levels ({names}) saved in {probe.store.directory.partial_dir}; "
             f"continue with: {config.resume_command(config.out)}")
 
 
