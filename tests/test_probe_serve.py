@@ -32,6 +32,8 @@ def write_suite(path: Path) -> Path:
         topic = TOPICS[i % len(TOPICS)]
         text = f"Tell me about {topic}. " * (1 + i % 7)  # prompts of 10 to 100-odd tokens
         lines.append(json.dumps({"id": f"s{i}", "input": [{"role": "user", "content": text}], "max_tokens": 24}))
+    for i, topic in enumerate(TOPICS[:3]):  # raw prompts: the completions route, texts from /detokenize
+        lines.append(json.dumps({"id": f"raw{i}", "prompt": f"A note on {topic}:", "max_tokens": 24}))
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -67,6 +69,8 @@ def test_splitk_server_diverges_under_load_where_the_tokens_do(served_model, tmp
         reported = None if pd.isna(row.first_divergence) else int(row.first_divergence)
         assert reported == recomputed[row.case_id]
     assert run.meta["server"]["token_ids"] == "server" and run.meta["server"]["version"]
+    assert run.meta["server"]["api"] == {"chat": 36, "completions": 3}
+    assert not run.tokens.token.str.startswith("token_id:").any()  # every token's text came back
 
 
 def test_invariant_server_is_bitwise_identical_at_every_load_even_through_faults(served_model, tmp_path: Path) -> None:
