@@ -143,6 +143,16 @@ def test_isolation_none_and_the_prefix_level_send_what_they_say(fake, tmp_path: 
         assert warm["messages"] == case["messages"]
 
 
+def test_repeats_probe_every_level_again_in_another_order(fake, tmp_path: Path) -> None:
+    url, _, record = fake
+    run = probe(write_suite(tmp_path / "s.jsonl"), url, tmp_path / "run", repeat=2)
+    assert sorted(set(zip(run.runs.composition, run.runs.repeat))) == [("c1", 0), ("c1", 1), ("c8", 0), ("c8", 1)]
+    assert set(run.meta["server"]["levels"]) == {"c1", "c8", "c1 #1", "c8 #1"}
+    first, second = ([b["cache_salt"].rsplit("-", 1)[-1] for b in record.bodies
+                      if f"-c8-{r}-" in b.get("cache_salt", "")] for r in (0, 1))
+    assert sorted(first) == sorted(second) and first != second  # the same cases, sent in another order
+
+
 def test_fillers_keep_more_requests_in_flight(fake, tmp_path: Path) -> None:
     url, behaviour, record = fake
     run = probe(write_suite(tmp_path / "s.jsonl"), url, tmp_path / "run", concurrency=(1, 4), fillers=6)

@@ -292,7 +292,7 @@ def _meta(probe: _Probe, tally: _Tally) -> dict[str, Any]:
         "model": info.model,
         "dtype": "server",
         "policy": "server",
-        "backend": "http",
+        "backend": probe.endpoint.public,  # the reports' header reads "kernels server (<endpoint>, ...)"
         "profile": "n/a",
         "max_tokens": config.max_tokens,
         "repeat": config.repeat,
