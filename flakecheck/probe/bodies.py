@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flakecheck.suite import Messages
+from flakecheck.errors import InputError
+from flakecheck.suite import Messages, Suite
 
 APIS = ("chat", "completions")
 ISOLATIONS = ("salt", "none")
@@ -57,3 +58,22 @@ def completion_body(options: BodyOptions, api: str, prompt: str | Messages, max_
             body["cache_salt"] = salt
         body["cache_prompt"] = share_cache
     return body
+
+
+def case_prompts(suite: Suite, api: str | None, max_tokens: int) -> list[CasePrompt]:
+    """Each case as it is sent: message inputs to the chat API and raw prompts to completions, unless
+    --api sends all to one (a string becomes one user message; one user message becomes its text)."""
+    prompts = []
+    for case in suite.cases:
+        prompt: Any = case.input
+        kind = api or ("chat" if isinstance(prompt, list) else "completions")
+        if kind == "chat" and isinstance(prompt, str):
+            prompt = [{"role": "user", "content": prompt}]
+        elif kind == "completions" and isinstance(prompt, list):
+            if len(prompt) != 1 or prompt[0].get("role") != "user":
+                raise InputError(str(suite.path), case.line, "input",
+                                 f"case '{case.id}': --api completions can send a chat input only when it is one "
+                                 "user message")
+            prompt = prompt[0]["content"]
+        prompts.append(CasePrompt(case.id, kind, prompt, case.max_tokens or max_tokens))
+    return prompts

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from flakecheck.analysis import Thresholds
-from flakecheck.errors import InputError, UserError
+from flakecheck.errors import UserError
 from flakecheck.finish import TokenTexts, write_run
-from flakecheck.probe.bodies import CasePrompt
-from flakecheck.probe.client import ClientStats, RequestFailed, ServerClient
+from flakecheck.probe.bodies import CasePrompt, case_prompts
+from flakecheck.probe.client import ClientStats, ServerClient
 from flakecheck.probe.config import ProbeConfig
+from flakecheck.probe.detokenize import fill_token_texts
 from flakecheck.probe.discover import ServerInfo, check_prompts, discover
 from flakecheck.probe.endpoint import Endpoint
 from flakecheck.probe.levels import REFERENCE, LoadLevel, make_levels
@@ -113,25 +114,6 @@ def _api_key(variable: str | None) -> str | None:
     return value
 
 
-def case_prompts(suite: Suite, api: str | None, max_tokens: int) -> list[CasePrompt]:
-    """Each case as it is sent: message inputs to the chat API and raw prompts to completions, unless
-    --api sends all to one (a string becomes one user message; one user message becomes its text)."""
-    prompts = []
-    for case in suite.cases:
-        prompt: Any = case.input
-        kind = api or ("chat" if isinstance(prompt, list) else "completions")
-        if kind == "chat" and isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        elif kind == "completions" and isinstance(prompt, list):
-            if len(prompt) != 1 or prompt[0].get("role") != "user":
-                raise InputError(str(suite.path), case.line, "input",
-                                 f"case '{case.id}': --api completions can send a chat input only when it is one "
-                                 "user message")
-            prompt = prompt[0]["content"]
-        prompts.append(CasePrompt(case.id, kind, prompt, case.max_tokens or max_tokens))
-    return prompts
-
-
 def _fingerprint(config: ProbeConfig, suite: Suite, cases: list[CasePrompt], levels: list[LoadLevel],
                  endpoint: Endpoint, info: ServerInfo) -> dict[str, Any]:
     """What decides the traces: a resumed probe must match it (the server's version included)."""
@@ -214,7 +196,10 @@ def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_facto
                 if answer.get("system_fingerprint"):
                     tally.fingerprints.add(answer["system_fingerprint"])
     if tally.vocab.needs_text():
-        _fill_token_texts(probe, tally.vocab, client_factory)
+        async def fill(client: ServerClient) -> None:
+            await fill_token_texts(client, probe.info.model, tally.vocab)
+
+        _with_client(probe.config, probe.endpoint, probe.api_key, 8, client_factory, fill)
         store.save_vocab(tally.vocab)
     return traces, texts, tally
 
@@ -251,35 +236,6 @@ def _saved_message(probe: _Probe, what: str) -> str:
     names = ", ".join(run_label(n, r) for n, r in work)
     return (f"{what}: {finished} of {len(work)} load levels ({names}) saved in {probe.store.directory.partial_dir}; "
             f"continue with: {config.resume_command(config.out)}")
-
-
-def _fill_token_texts(probe: _Probe, vocab: Vocab, client_factory: Callable[..., ServerClient]) -> None:
-    """vLLM's token-id placeholders carry no text: ask its /detokenize for each id (reports only; skipped
-    quietly where the server has no such route, the ids then read "token_id:N")."""
-    ids = vocab.needs_text()
-    url = probe.endpoint.root("/detokenize")
-
-    async def work(client: ServerClient) -> None:
-        gate = asyncio.Semaphore(8)
-        broken = asyncio.Event()
-
-        async def one(token_id: int) -> None:
-            async with gate:
-                if broken.is_set():
-                    return
-                try:
-                    status, body = await client.post_json(url, {"model": probe.info.model, "tokens": [token_id]})
-                except RequestFailed:
-                    broken.set()
-                    return
-                if status == 200 and isinstance(body, dict) and isinstance(body.get("prompt"), str):
-                    vocab.set_text(token_id, body["prompt"])
-                else:
-                    broken.set()
-
-        await asyncio.gather(*(one(t) for t in ids))
-
-    _with_client(probe.config, probe.endpoint, probe.api_key, 8, client_factory, work)
 
 
 def _meta(probe: _Probe, tally: _Tally) -> dict[str, Any]:
