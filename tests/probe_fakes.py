@@ -190,13 +190,16 @@ def _response(body: dict[str, Any], api: str, steps: list[tuple[int, float, int,
 class ThreadedServer:
     """uvicorn serving an ASGI app on a free loopback port, in a thread (start/stop from a test)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, tls: tuple[str, str] | None = None) -> None:
+        """`tls`: (certificate file, key file) to serve HTTPS."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        certfile, keyfile = tls or (None, None)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                    ssl_certfile=certfile, ssl_keyfile=keyfile))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> ThreadedServer:

@@ -283,3 +283,24 @@ def test_ctrl_c_keeps_the_finished_levels_and_resume_finishes(fake, tmp_path: Pa
     run = probe_suite(config, resume=True)
     assert not any("-c1-" in b.get("cache_salt", "") for b in record.bodies)
     assert len(run.runs) == 2 * len(QUESTIONS)
+
+
+def test_tls_certificates_are_verified(tmp_path: Path, capfd, monkeypatch) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    suite = write_suite(tmp_path / "s.jsonl")
+    with ThreadedServer(make_app(Behaviour(), Record()), tls=(str(cert), str(key))) as server:
+        code, output = run_cli(["probe", str(suite), "--endpoint", server.url, "--out", str(tmp_path / "no"),
+                                "--concurrency", "1"], capfd)
+        assert code == 2 and "CERTIFICATE_VERIFY_FAILED" in output and not (tmp_path / "no").exists()
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # a private CA is trusted the standard way
+        code, output = run_cli(["probe", str(suite), "--endpoint", server.url, "--out", str(tmp_path / "yes"),
+                                "--concurrency", "1", "--quiet"], capfd)
+        assert code == 0 and (tmp_path / "yes" / "cases.parquet").is_file()
