@@ -11,13 +11,11 @@ from pathlib import Path
 
 import httpx
 import pandas as pd
-import pytest
 
-from flakecheck.engine import LoadedModel, load_model
+from flakecheck.engine import LoadedModel
 from flakecheck.probe import ProbeConfig, probe_suite
-from flakecheck.serve.app import build_app
-from flakecheck.serve.server import BackgroundServer
-from flakecheck.serve.state import ServeSettings, build_state
+from tests.fixtures_serve import *  # noqa: F403
+from tests.fixtures_serve import start_server
 from tests.probe_fakes import FaultProxy
 from tests.test_probe_fake_server import recomputed_first_divergence
 
@@ -38,16 +36,11 @@ def write_suite(path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def served_model(tiny_wide_model_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_wide_model_dir), "bfloat16")
-
-
 @contextlib.contextmanager
 def serving(model: LoadedModel, kernels: str) -> Iterator[str]:
-    state = build_state(ServeSettings(model="tiny-wide", kernels=kernels, max_num_seqs=32), model)
-    with BackgroundServer(build_app(state)) as url:
-        yield url
+    """A server of its own (its /stats count only this test's requests), batches of up to 32."""
+    with start_server(model, kernels=kernels, max_num_seqs=32) as served:
+        yield served.url
 
 
 def probe(suite: Path, url: str, out: Path):
@@ -58,8 +51,8 @@ def peak_batch(url: str) -> int:
     return int(httpx.get(f"{url}/stats").json()["peak_running_seqs"])
 
 
-def test_splitk_server_diverges_under_load_where_the_tokens_do(served_model, tmp_path: Path) -> None:
-    with serving(served_model, "splitk") as url:
+def test_splitk_server_diverges_under_load_where_the_tokens_do(serve_model, tmp_path: Path) -> None:
+    with serving(serve_model, "splitk") as url:
         run = probe(write_suite(tmp_path / "s.jsonl"), url, tmp_path / "run")
         assert peak_batch(url) >= 8  # the server's own count: the load was batched, not queued
     diverged = run.cases[run.cases.status.isin(["flaky", "verdict_flaky"])]
@@ -73,9 +66,9 @@ def test_splitk_server_diverges_under_load_where_the_tokens_do(served_model, tmp
     assert not run.tokens.token.str.startswith("token_id:").any()  # every token's text came back
 
 
-def test_invariant_server_is_bitwise_identical_at_every_load_even_through_faults(served_model, tmp_path: Path) -> None:
+def test_invariant_server_is_bitwise_identical_at_every_load_even_through_faults(serve_model, tmp_path: Path) -> None:
     suite = write_suite(tmp_path / "s.jsonl")
-    with serving(served_model, "invariant") as url:
+    with serving(serve_model, "invariant") as url:
         clean = probe(suite, url, tmp_path / "clean")
         assert peak_batch(url) >= 8
         with FaultProxy(url) as proxy:
@@ -92,14 +85,14 @@ def test_invariant_server_is_bitwise_identical_at_every_load_even_through_faults
     assert clean.cases.status.tolist() == faulty.cases.status.tolist()
 
 
-def test_a_serial_probe_of_serve_reproduces_the_simulated_solo_run_bitwise(served_model, tmp_path: Path) -> None:
+def test_a_serial_probe_of_serve_reproduces_the_simulated_solo_run_bitwise(serve_model, tmp_path: Path) -> None:
     import flakecheck
     from flakecheck.compositions import Composition
 
     suite = write_suite(tmp_path / "s.jsonl")
-    with serving(served_model, "splitk") as url:
+    with serving(serve_model, "splitk") as url:
         probed = probe_suite(ProbeConfig(suite, url, out=tmp_path / "probe", concurrency=(1,), html=False))
-    simulated = flakecheck.run_suite(suite, model=served_model, kernels="splitk", compositions=[Composition("solo")],
+    simulated = flakecheck.run_suite(suite, model=serve_model, kernels="splitk", compositions=[Composition("solo")],
                                      out=tmp_path / "sim", html=False)
     key = ["case_id", "step"]
     a = simulated.tokens.sort_values(key).reset_index(drop=True)
