@@ -70,9 +70,11 @@ def probe(
     suite: Path = typer.Argument(..., help="suite JSONL, one case per line"),
     endpoint: str = typer.Option(..., help="the server's base URL, e.g. http://127.0.0.1:8000 (or .../v1)"),
     model: str | None = typer.Option(None, help="model name (default: the first id of GET /v1/models)"),
-    api: str | None = typer.Option(None, help="chat | completions (default: chat for message inputs, "
-                                   "completions for raw prompts)"),
+    api: str | None = typer.Option(None, help="chat | completions (default: `prompt` strings to completions, "
+                                   "every other input to chat)"),
     api_key_env: str | None = typer.Option(None, help="name of the environment variable that holds the API key"),
+    dtype: str | None = typer.Option(None, help="the server's logits dtype (bfloat16 | float16 | float32), which "
+                                     "sizes a tie for the flip kinds; default unknown"),
     concurrency: str = typer.Option("1,8,32", help="requests in flight per load level; 1 is the reference"),
     fillers: int = typer.Option(0, help="filler requests kept in flight beside the cases at each level above 1"),
     prefix: bool = typer.Option(False, "--prefix", help="also a 'prefix' level: each case right after a warm-up "
@@ -95,7 +97,8 @@ def probe(
     from flakecheck.probe.command import probe_from_cli
 
     probe_from_cli(
-        suite=suite, endpoint=endpoint, model=model, api=api, api_key_env=api_key_env, concurrency=concurrency,
+        suite=suite, endpoint=endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
+        concurrency=concurrency,
         fillers=fillers, prefix=prefix, repeat=repeat, max_tokens=max_tokens, limit=limit, ids=ids, out=out,
         resume=resume, isolation=isolation, timeout=timeout, retries=retries, gap_threshold=gap_threshold,
         gap_window=gap_window, html=not no_html, quiet=quiet,

@@ -62,8 +62,11 @@ def recomputed_first_divergence(runs: pd.DataFrame) -> dict[str, int | None]:
 
 def test_probe_under_load_finds_the_divergences_the_tokens_show(fake, tmp_path: Path) -> None:
     url, behaviour, record = fake
-    run = probe(write_suite(tmp_path / "s.jsonl"), url, tmp_path / "run")
+    run = probe(write_suite(tmp_path / "s.jsonl"), url, tmp_path / "run", dtype="bf16")
     assert record.max_in_flight >= 8  # the load reached the server
+    assert run.meta["dtype"] == "bfloat16"
+    diverged_kinds = run.cases[run.cases.first_divergence.notna()].flip_kind
+    assert diverged_kinds.notna().all() and set(diverged_kinds) <= {"tie", "near_tie", "confident"}
     statuses = dict(zip(run.cases.case_id, run.cases.status))
     assert any(s in ("flaky", "verdict_flaky") for s in statuses.values())
     recomputed = recomputed_first_divergence(run.runs)
@@ -117,6 +120,28 @@ def test_every_answer_shape_gives_the_same_tokens(fake, tmp_path: Path, shape: s
     assert reference.runs.n_tokens.tolist() == other.runs.n_tokens.tolist()
     assert reference.tokens.token.tolist() == other.tokens.token.tolist()
     assert reference.tokens.top2_token.tolist() == other.tokens.top2_token.tolist()
+
+
+def test_cases_follow_the_input_convention_and_api_overrides_it(fake, tmp_path: Path, capfd) -> None:
+    url, _, record = fake
+    suite = tmp_path / "mixed.jsonl"
+    suite.write_text("\n".join(json.dumps(c) for c in [
+        {"id": "text", "input": "Say hello.", "max_tokens": 4},
+        {"id": "raw", "prompt": "Once upon a time", "max_tokens": 4},
+        {"id": "talk", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+         "max_tokens": 4},
+    ]) + "\n")
+    run = probe(suite, url, tmp_path / "auto", concurrency=(1,))
+    assert run.meta["server"]["api"] == {"chat": 2, "completions": 1}
+    sent = {b.get("cache_salt", "").rsplit("-", 1)[-1]: b for b in record.bodies}
+    assert sent["text"]["messages"] == [{"role": "user", "content": "Say hello."}]
+    assert sent["raw"]["prompt"] == "Once upon a time" and sent["talk"]["messages"][0]["role"] == "system"
+    run = probe(suite, url, tmp_path / "chat", concurrency=(1,), api="chat")
+    assert run.meta["server"]["api"] == {"chat": 3, "completions": 0}
+    # a conversation cannot be sent as raw text: exit 2 naming the file and line, nothing written
+    code, output = run_cli(["probe", str(suite), "--endpoint", url, "--api", "completions", "--out",
+                            str(tmp_path / "raw")], capfd)
+    assert code == 2 and "mixed.jsonl:3" in output and not (tmp_path / "raw").exists()
 
 
 def test_a_server_that_rejects_token_ids_is_probed_by_text(fake, tmp_path: Path) -> None:
@@ -204,15 +229,18 @@ def run_cli(argv: list[str], capfd) -> tuple[int, str]:
     (lambda b: setattr(b, "not_openai", True), "not an OpenAI-compatible server"),
     (lambda b: setattr(b, "reject_fields", ("cache_salt",)), "--isolation none"),
     (None, "unknown model 'nope'"),
+    ("--dtype", "--dtype: unknown dtype 'int3'"),
 ])
 def test_bad_servers_exit_2_and_write_nothing(fake, tmp_path: Path, capfd, setup, needle: str) -> None:
     url, behaviour, _ = fake
-    if setup is not None:
+    if callable(setup):
         setup(behaviour)
     out = tmp_path / "run"
     argv = ["probe", str(write_suite(tmp_path / "s.jsonl")), "--endpoint", url, "--out", str(out), "--quiet"]
     if setup is None:
         argv += ["--model", "nope"]
+    if setup == "--dtype":
+        argv += ["--dtype", "int3"]
     code, output = run_cli(argv, capfd)
     assert code == 2 and needle in output and not out.exists()
 

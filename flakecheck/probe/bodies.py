@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flakecheck.errors import InputError
+from flakecheck.input_format import AppliedFormat, resolve_inputs
 from flakecheck.suite import Messages, Suite
 
 APIS = ("chat", "completions")
@@ -60,20 +60,15 @@ def completion_body(options: BodyOptions, api: str, prompt: str | Messages, max_
     return body
 
 
-def case_prompts(suite: Suite, api: str | None, max_tokens: int) -> list[CasePrompt]:
-    """Each case as it is sent: message inputs to the chat API and raw prompts to completions, unless
-    --api sends all to one (a string becomes one user message; one user message becomes its text)."""
-    prompts = []
-    for case in suite.cases:
-        prompt: Any = case.input
-        kind = api or ("chat" if isinstance(prompt, list) else "completions")
-        if kind == "chat" and isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        elif kind == "completions" and isinstance(prompt, list):
-            if len(prompt) != 1 or prompt[0].get("role") != "user":
-                raise InputError(str(suite.path), case.line, "input",
-                                 f"case '{case.id}': --api completions can send a chat input only when it is one "
-                                 "user message")
-            prompt = prompt[0]["content"]
-        prompts.append(CasePrompt(case.id, kind, prompt, case.max_tokens or max_tokens))
-    return prompts
+# --api as the input convention of flakecheck.input_format: chat sends every case as chat messages,
+# completions every case as raw text; unset, `prompt` strings are raw and everything else is chat.
+INPUT_FORMAT_OF_API = {None: "auto", "chat": "chat", "completions": "raw"}
+
+
+def case_prompts(suite: Suite, api: str | None, max_tokens: int) -> tuple[list[CasePrompt], AppliedFormat]:
+    """Each case as it is sent, by the suite's input convention (a server is taken to have a chat
+    template: one without answers the chat check request with an error), and what was applied."""
+    prompts, applied = resolve_inputs(suite, INPUT_FORMAT_OF_API[api], has_chat_template=True)
+    cases = [CasePrompt(case.id, "chat" if isinstance(prompts[case.id], list) else "completions", prompts[case.id],
+                        case.max_tokens or max_tokens) for case in suite.cases]
+    return cases, applied

@@ -23,6 +23,7 @@ class ProbeConfig:
     model: str | None = None  # None: the first id of GET /v1/models
     api: str | None = None  # None: chat for message inputs, completions for raw prompts
     api_key_env: str | None = None
+    dtype: str | None = None  # the server's logits dtype, for flip_kind; None: unknown
     concurrency: tuple[int, ...] = (1, 8, 32)
     fillers: int = 0
     prefix: bool = False
@@ -58,6 +59,13 @@ class ProbeConfig:
             raise UserError(f"--timeout must be > 0 seconds, got {self.timeout!r}")
         if self.api is not None and self.api not in APIS:
             raise UserError(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.dtype is not None:
+            from flakecheck.flip_kind import dtype_name
+
+            try:
+                object.__setattr__(self, "dtype", dtype_name(self.dtype))
+            except ValueError as exc:
+                raise UserError(f"--dtype: {exc}") from None
         if self.isolation not in ISOLATIONS:
             raise UserError(f"--isolation must be one of {', '.join(ISOLATIONS)}, got {self.isolation!r}")
         if not self.concurrency or 1 not in self.concurrency or any(c < 1 for c in self.concurrency):
@@ -71,7 +79,7 @@ class ProbeConfig:
         """`flakecheck probe ...` that probes the same way again: every setting that differs from its default."""
         args = ["flakecheck", "probe", str(self.suite), "--endpoint", Endpoint.parse(self.endpoint).public]
         defaults = ProbeConfig(self.suite, self.endpoint)
-        for name in ("model", "api", "api_key_env", "fillers", "repeat", "max_tokens", "limit", "isolation",
+        for name in ("model", "api", "api_key_env", "dtype", "fillers", "repeat", "max_tokens", "limit", "isolation",
                      "timeout", "retries", "gap_threshold", "gap_window"):
             value = getattr(self, name)
             if value != getattr(defaults, name):

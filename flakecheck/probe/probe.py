@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from flakecheck.analysis import Thresholds
 from flakecheck.errors import UserError
 from flakecheck.finish import TokenTexts, write_run
+from flakecheck.input_format import AppliedFormat
 from flakecheck.probe.bodies import CasePrompt, case_prompts
 from flakecheck.probe.client import ClientStats, ServerClient
 from flakecheck.probe.config import ProbeConfig
@@ -51,6 +52,7 @@ class _Probe:
     config: ProbeConfig
     suite: Suite
     cases: list[CasePrompt]
+    input_format: AppliedFormat
     levels: list[LoadLevel]
     endpoint: Endpoint
     api_key: str | None
@@ -91,7 +93,7 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
     suite = load_suite(config.suite).select(list(config.ids) or None, config.limit)
     api_key = _api_key(config.api_key_env)
     endpoint = Endpoint.parse(config.endpoint)
-    cases = case_prompts(suite, config.api, config.max_tokens)
+    cases, applied = case_prompts(suite, config.api, config.max_tokens)
     levels = make_levels(list(config.concurrency), config.fillers, config.prefix)
 
     async def check(client: ServerClient) -> ServerInfo:
@@ -102,7 +104,7 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
     config = config.with_changes(out=out)
     store = ProbeStore(out)
     store.directory.begin(_fingerprint(config, suite, cases, levels, endpoint, info), resume)
-    return _Probe(config, suite, cases, levels, endpoint, api_key, info, store)
+    return _Probe(config, suite, cases, applied, levels, endpoint, api_key, info, store)
 
 
 def _api_key(variable: str | None) -> str | None:
@@ -246,13 +248,14 @@ def _meta(probe: _Probe, tally: _Tally) -> dict[str, Any]:
         "config": config.to_dict(),
         "command": config.command(),
         "model": info.model,
-        "dtype": "server",
+        **({"dtype": config.dtype} if config.dtype else {}),  # a server does not report it: only when --dtype says
         "policy": "server",
         "backend": probe.endpoint.public,  # the reports' header reads "kernels server (<endpoint>, ...)"
         "profile": "n/a",
         "max_tokens": config.max_tokens,
         "repeat": config.repeat,
         "compositions": [level.to_dict() for level in probe.levels],
+        "input_format": probe.input_format.to_dict(),
         "server": {
             "endpoint": probe.endpoint.public, "model": info.model, "models_listed": info.models,
             "version": info.version, "system_fingerprints": sorted(tally.fingerprints),
