@@ -4,8 +4,9 @@
     python scripts/vllm_server.py --model DIR [--log FILE] -- COMMAND ...   # run COMMAND, then stop
     python scripts/vllm_server.py --model DIR                              # serve until Ctrl-C
 
-COMMAND runs with VLLM_URL (e.g. http://127.0.0.1:41234/v1) and VLLM_MODEL (the served model id)
-in its environment; its exit status becomes this script's. The server runs in a process group of
+In COMMAND, `{url}` becomes the server's OpenAI base URL (e.g. http://127.0.0.1:41234/v1) and
+`{model}` the served model id; both are also in its environment as VLLM_URL and VLLM_MODEL. Its
+exit status becomes this script's. The server runs in a process group of
 its own (vLLM forks an engine-core process), so stopping it takes every process with it: after
 COMMAND, on a failed start, on Ctrl-C and on SIGTERM. Standard library only: it runs under any
 Python, the server under the vLLM venv's (`--python`, default .venv-vllm/bin/python).
@@ -90,6 +91,8 @@ def server_env() -> dict[str, str]:
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")  # no model hub here; the model is a local directory
+    # vLLM's engine processes talk over ZMQ on the host's address unless told otherwise: keep it on loopback.
+    env.setdefault("VLLM_HOST_IP", "127.0.0.1")
     return env
 
 
@@ -188,12 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 while True:
                     time.sleep(3600)
             env = dict(os.environ, VLLM_URL=server.url, VLLM_MODEL=server.model)
-            return subprocess.call(command, env=env)
+            argv = [arg.replace("{url}", server.url).replace("{model}", server.model) for arg in command]
+            return subprocess.call(argv, env=env)
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("interrupted; vLLM stopped", file=sys.stderr)
+        print("interrupted", file=sys.stderr)
         return 130
     finally:
         print("vLLM stopped", file=sys.stderr)
