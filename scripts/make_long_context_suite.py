@@ -38,6 +38,16 @@ PLACES = ["the mill", "the bridge", "the chapel", "the granary", "the lighthouse
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 
 
+def number_check(value: int) -> dict[str, Any]:
+    """The number stands alone somewhere in the answer: "51", "Crate 10: 51 clay pots" and "-1." pass for theirs.
+
+    Not `numeric`, which reads the first number: a right answer that repeats the question's own
+    number first ("Crate 10: 51", "the 05:00 departure leaves from platform 3") would fail it.
+    Times ("05:00") and longer numbers never match.
+    """
+    return {"type": "regex", "value": rf"(?<![\d.:-]){value}(?![\d:-]|[.,]\d)"}
+
+
 @dataclass
 class Document:
     """Lines of a document, and the question (with its checks) asked about it."""
@@ -60,7 +70,7 @@ def inventory(rng: random.Random, n: int) -> Document:
     count, goods = crates[pick - 1]
     return Document("Warehouse receiving log", lines,
                     f"How many {goods} are in crate {pick}? Answer with the number only.",
-                    [{"type": "numeric", "value": count}], "lookup_number")
+                    [number_check(count)], "lookup_number")
 
 
 def timetable(rng: random.Random, n: int) -> Document:
@@ -73,7 +83,7 @@ def timetable(rng: random.Random, n: int) -> Document:
     time, platform = departures[rng.randrange(n)]
     return Document("Station timetable", lines,
                     f"From which platform does the {time} departure leave? Answer with the number only.",
-                    [{"type": "numeric", "value": platform}], "lookup_number")
+                    [number_check(platform)], "lookup_number")
 
 
 def diary(rng: random.Random, n: int) -> Document:
@@ -100,7 +110,7 @@ def ledger(rng: random.Random, n: int) -> Document:
                      f"balance {balance} crowns.")
     return Document("Parish account book", lines,
                     "What is the balance after the last entry? Answer with the number only.",
-                    [{"type": "numeric", "value": balance}], "lookup_number")
+                    [number_check(balance)], "lookup_number")
 
 
 def letters(rng: random.Random, n: int) -> Document:
@@ -125,7 +135,7 @@ def records_code(rng: random.Random, n: int) -> Document:
     a, b, op = rules[pick]
     value = {"+": 10 + a + b, "*": 10 * a * b, "-": 10 - a - b}[op]
     return Document("A Python module", lines, f"What does rule_{pick}(10) return? Answer with the number only.",
-                    [{"type": "numeric", "value": value}], "code_trace")
+                    [number_check(value)], "code_trace")
 
 
 KINDS: list[tuple[str, Callable[[random.Random, int], Document]]] = [
