@@ -43,7 +43,10 @@ VLLM_SUITE  ?= suites/long-context.jsonl
 VLLM_LEVELS ?= 1,8,16
 VLLM_SIM    ?= --composition name=solo,max_batch=1 --composition name=batch8,max_batch=8 \
                --composition name=batch16,max_batch=16
-VLLM_OUT    ?= reports/probe-vllm-$(shell date -u +%Y%m%dT%H%M%SZ)
+# Simply expanded, once: a recursive variable would call `date` again in every recipe line.
+ifndef VLLM_OUT
+VLLM_OUT    := reports/probe-vllm-$(shell date -u +%Y%m%dT%H%M%SZ)
+endif
 
 vllm-setup:
 	VLLM_VENV=$(VLLM_VENV) scripts/vllm_env.sh
@@ -53,8 +56,9 @@ vllm-setup:
 # group, stopped on success, failure and Ctrl-C).
 probe-vllm: setup vllm-setup
 	@mkdir -p $(VLLM_OUT)
+	model="$$($(PY) scripts/smollm2_hf_dir.py)" && \
 	python3 scripts/vllm_server.py --python $(VLLM_VENV)/bin/python --log $(VLLM_OUT)/vllm-server.log \
-		--model "$$($(PY) scripts/smollm2_hf_dir.py)" -- \
+		--model "$$model" -- \
 		$(VENV)/bin/flakecheck probe $(VLLM_SUITE) --endpoint '{url}' --concurrency $(VLLM_LEVELS) \
 		--max-tokens 48 --out $(VLLM_OUT)/probe
 	$(VENV)/bin/flakecheck run $(VLLM_SUITE) --kernels splitk --max-tokens 48 --out $(VLLM_OUT)/sim $(VLLM_SIM)
@@ -63,4 +67,4 @@ probe-vllm: setup vllm-setup
 	@echo "probe: $(VLLM_OUT)/probe  simulation: $(VLLM_OUT)/sim  comparison: $(VLLM_OUT)/compare.json"
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
