@@ -60,7 +60,7 @@ probe-vllm: setup vllm-setup
 	python3 scripts/vllm_server.py --python $(VLLM_VENV)/bin/python --log $(VLLM_OUT)/vllm-server.log \
 		--model "$$model" -- \
 		$(VENV)/bin/flakecheck probe $(VLLM_SUITE) --endpoint '{url}' --concurrency $(VLLM_LEVELS) \
-		--max-tokens 48 --out $(VLLM_OUT)/probe
+		--max-tokens 48 --dtype bfloat16 --out $(VLLM_OUT)/probe
 	$(VENV)/bin/flakecheck run $(VLLM_SUITE) --kernels splitk --max-tokens 48 --out $(VLLM_OUT)/sim $(VLLM_SIM)
 	$(VENV)/bin/flakecheck compare $(VLLM_OUT)/sim $(VLLM_OUT)/probe
 	$(VENV)/bin/flakecheck compare $(VLLM_OUT)/sim $(VLLM_OUT)/probe --json > $(VLLM_OUT)/compare.json

@@ -131,7 +131,7 @@ def probe(vllm_url: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[RunD
     out = tmp_path_factory.mktemp("probe") / "run"
     with RunningGauge(vllm_url) as gauge:
         flakecheck_cli("probe", str(SUITE), "--endpoint", vllm_url, "--concurrency", f"1,{LOAD}",
-                       "--repeat", "2", "--limit", str(N_CASES), "--max-tokens", str(MAX_TOKENS),
+                       "--repeat", "2", "--limit", str(N_CASES), "--max-tokens", str(MAX_TOKENS), "--dtype", "bfloat16",
                        "--out", str(out), "--quiet")
     return flakecheck.load_run(out), gauge
 
