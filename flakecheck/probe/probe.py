@@ -1,0 +1,268 @@
+"""`flakecheck probe`: a suite against a real server at several load levels -> a run directory.
+
+check the server (nothing written yet) -> each level in turn (saved as soon as it finishes) ->
+the same analysis and run directory as `flakecheck run` -> report.html. Ctrl-C keeps the finished
+levels; a level whose request still fails after its retries stops the probe with exit 2, the
+finished levels kept, and the message names the failed cases (see flakecheck.probe.runner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from flakecheck.analysis import Thresholds
+from flakecheck.errors import UserError
+from flakecheck.finish import TokenTexts, write_run
+from flakecheck.input_format import AppliedFormat
+from flakecheck.probe.bodies import CasePrompt, case_prompts
+from flakecheck.probe.client import ClientStats, ServerClient
+from flakecheck.probe.config import ProbeConfig
+from flakecheck.probe.detokenize import fill_token_texts
+from flakecheck.probe.discover import ServerInfo, check_prompts, discover
+from flakecheck.probe.endpoint import Endpoint
+from flakecheck.probe.levels import REFERENCE, LoadLevel, make_levels
+from flakecheck.probe.retries import RetryPolicy
+from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
+from flakecheck.probe.store import ProbeStore
+from flakecheck.probe.vocab import Vocab
+from flakecheck.rundir import RunData
+from flakecheck.suite import Suite, load_suite
+from flakecheck.traces import Trace
+
+T = TypeVar("T")
+
+
+class ProbeInterrupted(Exception):
+    """Ctrl-C during a probe: finished levels are saved; the message says how to resume."""
+
+
+class ProbeFailed(UserError):
+    """A request failed for good: finished levels are saved; the message names the failed cases."""
+
+
+@dataclass
+class _Probe:
+    config: ProbeConfig
+    suite: Suite
+    cases: list[CasePrompt]
+    input_format: AppliedFormat
+    levels: list[LoadLevel]
+    endpoint: Endpoint
+    api_key: str | None
+    info: ServerInfo
+    store: ProbeStore
+
+
+def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = False,
+                client_factory: Callable[..., ServerClient] = ServerClient) -> RunData:
+    """Probe the server and write the run directory; returns it loaded."""
+    started = time.perf_counter()
+    probe = _prepare(config, resume, client_factory)
+    timings: dict[str, Any] = {"load_s": time.perf_counter() - started}
+    with _interruptible(probe):
+        traces, texts, tally = _probe_levels(probe, resume, progress, client_factory)
+        timings["replay_s"] = tally.seconds
+        vocab = tally.vocab
+        run = write_run(probe.store.directory, probe.suite, traces, REFERENCE,
+                        Thresholds(config.gap_threshold, config.gap_window),
+                        TokenTexts(lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text),
+                        _meta(probe, tally), timings)
+    if config.html:
+        from flakecheck.reports.html import write_html
+
+        write_html(run, probe.store.directory.html_path)
+    timings["total_s"] = time.perf_counter() - started
+    run.meta["timings"] = timings
+    probe.store.directory.write_meta(run.meta)
+    return run
+
+
+def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., ServerClient]) -> _Probe:
+    """Everything checked, the server included, before the first byte is written."""
+    from flakecheck.api import _default_out
+
+    if resume and config.out is None:
+        raise UserError("--resume needs --out DIR (the interrupted run directory)")
+    suite = load_suite(config.suite).select(list(config.ids) or None, config.limit)
+    api_key = _api_key(config.api_key_env)
+    endpoint = Endpoint.parse(config.endpoint)
+    cases, applied = case_prompts(suite, config.api, config.max_tokens)
+    levels = make_levels(list(config.concurrency), config.fillers, config.prefix)
+
+    async def check(client: ServerClient) -> ServerInfo:
+        return await discover(client, config.model, config.isolation, check_prompts(cases))
+
+    info = _with_client(config, endpoint, api_key, 4, client_factory, check)
+    out = config.out if config.out is not None else _default_out(suite.path)
+    config = config.with_changes(out=out)
+    store = ProbeStore(out)
+    store.directory.begin(_fingerprint(config, suite, cases, levels, endpoint, info), resume)
+    return _Probe(config, suite, cases, applied, levels, endpoint, api_key, info, store)
+
+
+def _api_key(variable: str | None) -> str | None:
+    if variable is None:
+        return None
+    value = os.environ.get(variable)
+    if not value:
+        raise UserError(f"--api-key-env {variable}: that environment variable is not set or empty")
+    return value
+
+
+def _fingerprint(config: ProbeConfig, suite: Suite, cases: list[CasePrompt], levels: list[LoadLevel],
+                 endpoint: Endpoint, info: ServerInfo) -> dict[str, Any]:
+    """What decides the traces: a resumed probe must match it (the server's version included)."""
+    return {
+        "source": "probe", "endpoint": endpoint.public, "model": info.model, "server_version": info.version,
+        "token_ids": info.token_ids, "return_tokens_as_token_ids": info.options.token_ids,
+        "isolation": config.isolation, "levels": [level.to_dict() for level in levels], "repeat": config.repeat,
+        "max_tokens": config.max_tokens, "suite_sha256": suite.sha256,
+        "cases": [[c.case_id, c.api, c.max_tokens] for c in cases],
+    }
+
+
+def _with_client(config: ProbeConfig, endpoint: Endpoint, api_key: str | None, connections: int,
+                 client_factory: Callable[..., ServerClient],
+                 work: Callable[[ServerClient], Awaitable[T]]) -> T:
+    """Run `work` with a fresh client in its own event loop (one per level: Ctrl-C ends it cleanly)."""
+    policy = RetryPolicy(attempts=config.retries + 1)
+
+    async def main() -> T:
+        async with client_factory(endpoint, api_key, timeout_s=config.timeout, policy=policy,
+                                  max_connections=connections, rng=random.Random()) as client:
+            return await work(client)
+
+    return asyncio.run(main())
+
+
+@dataclass
+class _Tally:
+    """What the probe saw of the server, for meta.json."""
+
+    vocab: Vocab
+    seconds: float = 0.0
+    requests: int = 0
+    attempts: int = 0
+    retried: int = 0
+    failed_attempts: dict[str, int] = field(default_factory=dict)
+    fingerprints: set[str] = field(default_factory=set)
+    levels: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def add_client(self, stats: ClientStats) -> None:
+        self.requests += stats.requests
+        self.attempts += stats.attempts
+        self.retried += stats.retried
+        for kind, n in stats.failures.items():
+            self.failed_attempts[kind] = self.failed_attempts.get(kind, 0) + n
+
+
+def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_factory: Callable[..., ServerClient]
+                  ) -> tuple[list[Trace], dict[tuple[int, ...], str], _Tally]:
+    """Every (level, repeat) in turn, each saved as soon as it is done (or read back on --resume).
+    Returns the traces, the server's text per token sequence, and the tally."""
+    from flakecheck.analysis import run_label
+    from flakecheck.progress import ReplayProgress
+
+    config, store = probe.config, probe.store
+    tally = _Tally(store.load_vocab() if resume else Vocab())
+    work = [(level, r) for r in range(config.repeat) for level in probe.levels]
+    traces: list[Trace] = []
+    texts: dict[tuple[int, ...], str] = {}
+    with ReplayProgress(len(work) * len(probe.cases), enabled=show_progress) as bar:
+        for level, repeat in work:
+            label = run_label(level.name, repeat)
+            saved = store.saved_level(level.name, repeat)
+            if saved is None:
+                bar.start(label)
+                result, stats = _run_one_level(probe, level, repeat, tally.vocab, bar.case_done, client_factory)
+                store.save_level(level.name, repeat, result, tally.vocab)
+                tally.add_client(stats)
+                saved = store.saved_level(level.name, repeat)
+                assert saved is not None
+            else:
+                bar.skip(label, len(saved[0]))
+            level_traces, extras = saved
+            traces.extend(level_traces)
+            tally.seconds += extras["seconds"]
+            tally.levels[label] = {k: extras.get(k) for k in ("seconds", "fillers_sent", "fillers_failed")}
+            for trace in level_traces:
+                answer = extras["answers"][trace.case_id]
+                texts[tuple(trace.token_ids)] = answer["text"]
+                if answer.get("system_fingerprint"):
+                    tally.fingerprints.add(answer["system_fingerprint"])
+    if tally.vocab.needs_text():
+        async def fill(client: ServerClient) -> None:
+            await fill_token_texts(client, probe.info.model, tally.vocab)
+
+        _with_client(probe.config, probe.endpoint, probe.api_key, 8, client_factory, fill)
+        store.save_vocab(tally.vocab)
+    return traces, texts, tally
+
+
+def _run_one_level(probe: _Probe, level: LoadLevel, repeat: int, vocab: Vocab, on_case_done: Callable[[Trace], None],
+                   client_factory: Callable[..., ServerClient]) -> tuple[LevelResult, ClientStats]:
+    async def work(client: ServerClient) -> tuple[LevelResult, ClientStats]:
+        result = await run_level(client, probe.info.options, level, repeat, probe.cases, vocab, on_case_done)
+        return result, client.stats
+
+    try:
+        return _with_client(probe.config, probe.endpoint, probe.api_key, level.concurrency + level.fillers + 2,
+                            client_factory, work)
+    except LevelFailed as exc:
+        raise ProbeFailed(f"{exc}. {_saved_message(probe, 'stopped')}") from None
+
+
+@contextlib.contextmanager
+def _interruptible(probe: _Probe) -> Iterator[None]:
+    """Ctrl-C becomes a ProbeInterrupted that says what was saved and how to continue."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise ProbeInterrupted(_saved_message(probe, "interrupted")) from None
+
+
+def _saved_message(probe: _Probe, what: str) -> str:
+    from flakecheck.analysis import run_label
+
+    config = probe.config
+    work = [(level.name, r) for r in range(config.repeat) for level in probe.levels]
+    finished = probe.store.directory.n_saved(work)
+    assert config.out is not None
+    names = ", ".join(run_label(n, r) for n, r in work)
+    return (f"{what}: {finished} of {len(work)} load levels ({names}) saved in {probe.store.directory.partial_dir}; "
+            f"continue with: {config.resume_command(config.out)}")
+
+
+def _meta(probe: _Probe, tally: _Tally) -> dict[str, Any]:
+    config, info = probe.config, probe.info
+    n_chat = sum(c.api == "chat" for c in probe.cases)
+    return {
+        "source": "probe",
+        "config": config.to_dict(),
+        "command": config.command(),
+        "model": info.model,
+        **({"dtype": config.dtype} if config.dtype else {}),  # a server does not report it: only when --dtype says
+        "policy": "server",
+        "backend": probe.endpoint.public,  # the reports' header reads "kernels server (<endpoint>, ...)"
+        "profile": "n/a",
+        "max_tokens": config.max_tokens,
+        "repeat": config.repeat,
+        "compositions": [level.to_dict() for level in probe.levels],
+        "input_format": probe.input_format.to_dict(),
+        "server": {
+            "endpoint": probe.endpoint.public, "model": info.model, "models_listed": info.models,
+            "version": info.version, "system_fingerprints": sorted(tally.fingerprints),
+            "token_ids": info.token_ids, "return_tokens_as_token_ids": info.options.token_ids,
+            "isolation": config.isolation, "api": {"chat": n_chat, "completions": len(probe.cases) - n_chat},
+            "requests": tally.requests, "attempts": tally.attempts, "retried": tally.retried,
+            "failed_attempts": tally.failed_attempts, "levels": tally.levels,
+        },
+        "device": {"type": "server", "endpoint": probe.endpoint.public},
+    }
