@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import flakecheck
 from flakecheck.engine import LoadedModel, load_model
+from flakecheck.rundir import RunData
 from flakecheck.suite import Suite, load_suite
 
 DEMO = Path(__file__).resolve().parents[1] / "suites" / "demo.jsonl"
@@ -38,8 +40,25 @@ def test_invariant_kernels_make_every_default_composition_bitwise_identical(smol
     assert (per_step.top1_logprob.nunique() == 1).all() and (per_step.top2_logprob.nunique() == 1).all()
 
 
-def test_splitk_kernels_make_some_case_diverge_where_the_tokens_do(smollm2, subset, tmp_path) -> None:
-    run = flakecheck.run_suite(subset, model=smollm2, kernels="splitk", out=tmp_path / "splitk", html=False)
+@pytest.fixture(scope="module")
+def splitk_runs(smollm2, subset, tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunData]:
+    out = tmp_path_factory.mktemp("splitk")
+    return {mode: flakecheck.run_suite(subset, model=smollm2, kernels="splitk", out=out / mode, html=False,
+                                       replay=mode) for mode in ("simulated", "physical")}
+
+
+def test_simulated_replay_is_bitwise_physical_replay_on_smollm2(splitk_runs) -> None:
+    """Every default composition at once in shared forward passes gives the traces of replaying each
+    alone: token ids, logprobs, top-2, raw logits, statuses."""
+    assert splitk_runs["simulated"].meta["replay"] == "simulated"
+    assert splitk_runs["physical"].meta["replay"] == "physical"
+    for table in ("runs", "tokens", "cases"):
+        pd.testing.assert_frame_equal(getattr(splitk_runs["simulated"], table),
+                                      getattr(splitk_runs["physical"], table), check_exact=True)
+
+
+def test_splitk_kernels_make_some_case_diverge_where_the_tokens_do(splitk_runs) -> None:
+    run = splitk_runs["simulated"]
     diverged = run.runs[run.runs.first_divergence.notna()]
     assert len(diverged) > 0
     reference = run.runs[run.runs.composition == run.meta["reference"]].set_index("case_id").token_ids
