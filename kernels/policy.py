@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flakecheck.kernels.plan import FIXED, NATIVE, ModelDims, StepPlan, StepShape
-from flakecheck.kernels.profiles import attention_splits, kv_chunk_size, matmul_splits, row_splits
+from flakecheck.kernels.profiles import attention_splits, kv_chunk_size, matmul_splits, row_splits, split_bounds
 
 OP_CLASSES = ("matmul", "attention", "norm")
 ORDERS = ("splitk", "invariant", "native")
@@ -63,9 +63,11 @@ def parse_policy(spec: str) -> KernelPolicy:
 
 
 def matmul_order(policy: KernelPolicy, m: int, n: int, k: int, sms: int) -> int:
-    """A [m, k] x [k, n] matmul's order: split-K count from the heuristic, fixed, or native."""
+    """A [m, k] x [k, n] matmul's order: split-K count from the heuristic, fixed, or native. The count
+    is the number of K ranges the splits really make (6, 7 and 8 splits of K=576 all cut it into six
+    96-wide ranges), so that steps computing the same thing share one call."""
     if policy.matmul == "splitk":
-        return matmul_splits(max(m, 1), n, k, sms)
+        return len(split_bounds(k, matmul_splits(max(m, 1), n, k, sms)))
     return FIXED if policy.matmul == "invariant" else NATIVE
 
 

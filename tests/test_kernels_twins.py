@@ -9,7 +9,7 @@ import pytest
 import torch
 from flakecheck.kernels import get_ops
 from flakecheck.kernels.check import attention_batch
-from flakecheck.kernels.profiles import matmul_splits
+from flakecheck.kernels.policy import matmul_order
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -132,7 +132,7 @@ def test_splitk_linear_changes_rows_exactly_where_the_batch_changes_the_split_co
         batched = torch.cat([splitk.linear(x[i : i + 8], w) for i in range(0, 64, 8)])
         assert torch.equal(batched, torch.cat([splitk.linear(x[i : i + 8], w) for i in range(0, 64, 8)]))
         alone = torch.cat([splitk.linear(x[i : i + 1], w) for i in range(64)])
-        if matmul_splits(1, n, k, 132) == matmul_splits(8, n, k, 132):
+        if matmul_order(splitk.kernel_policy, 1, n, k, 132) == matmul_order(splitk.kernel_policy, 8, n, k, 132):
             same_plan.append(name)
             assert torch.equal(alone, batched), name
         elif not torch.equal(alone, batched):
