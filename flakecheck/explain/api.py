@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from flakecheck.engine import LoadedModel, build_model, decode_tokens, load_model
+from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.errors import UserError
 from flakecheck.explain.costs import measure_costs
 from flakecheck.explain.fixes import evaluate_fixes, fix_rows, plan_fixes
-from flakecheck.explain.mechanisms import attribution_row, compare, pairs
+from flakecheck.explain.mechanisms import Pair, attribution_row, compare, pairs
 from flakecheck.explain.source import Divergence, RunSource, open_run, with_requests
 from flakecheck.explain.summary import case_summary
 from flakecheck.explain.targeted import Replays, Variant
@@ -52,7 +53,7 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
     info: dict[str, Any] = {
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "steps_after": steps_after,
         "ids": list(ids), "n_explained": len(divergences), "grader": spec.to_dict() if spec else None,
-        "fixes": fixes and bool(divergences), "cases": {}, "replays": {},
+        "priced_fixes": fixes and bool(divergences), "cases": {}, "replays": {},
     }
     timings: dict[str, float | None] = {"run_replay_s": (source.run.meta.get("timings") or {}).get("replay_s")}
     attribution: list[dict[str, Any]] = []
@@ -62,13 +63,12 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
         loaded = model if model is not None else load_model(source.config.model, source.config.dtype)
         with_requests(source, loaded)
         mechanism_pairs = {d.case_id: pairs(d, source.reference, source.policy) for d in divergences}
-        explain_replays = Replays(source)
+        explain_replays, fix_replays = Replays(source), Replays(source)
         for d in divergences:
             for pair in mechanism_pairs[d.case_id]:
                 if pair.a is not None and pair.b is not None:
                     explain_replays.need(pair.a, d.case_id, d.step + steps_after + 1)
                     explain_replays.need(pair.b, d.case_id, d.step + steps_after + 1)
-        fix_replays = Replays(source)
         if fixes:
             plan_fixes(source, divergences, fix_replays)
         network = _network(source, loaded, [explain_replays, fix_replays])
@@ -78,14 +78,8 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
         attribution = _attribution(source, divergences, mechanism_pairs, explain_replays, steps_after, loaded)
         info["cases"] = _summaries(divergences, attribution, source)
         if fixes:
-            info["replays"]["fixes"] = vars(fix_replays.run(loaded, network, progress))
-            timings["fixes_s"] = info["replays"]["fixes"]["seconds"]
-            results = evaluate_fixes(source, divergences, fix_replays,
-                                     memo_decode(lambda ids_: decode_tokens(loaded, ids_)), spec)
-            t0 = time.perf_counter()
-            costs = measure_costs(source, loaded, network, cost_repeats)
-            timings["costs_s"] = time.perf_counter() - t0
-            fix_table = fix_rows(results, divergences, costs)
+            fix_table = _price_fixes(source, divergences, fix_replays, loaded, network, spec, cost_repeats, info,
+                                     timings, progress)
     timings["total_s"] = time.perf_counter() - started
     if timings.get("attribution_s") is not None and timings["run_replay_s"]:
         timings["attribution_vs_run"] = timings["attribution_s"] / timings["run_replay_s"]
@@ -100,6 +94,19 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
     return run
 
 
+def _price_fixes(source: RunSource, divergences: list[Divergence], replays: Replays, model: LoadedModel,
+                 network: LlamaForCausalLM, grader: GraderSpec | None, cost_repeats: int, info: dict[str, Any],
+                 timings: dict[str, float | None], progress: bool) -> list[dict[str, Any]]:
+    """Replay the fixes (`replays` holds them), grade what they give, time what they cost, rank them."""
+    info["replays"]["fixes"] = vars(replays.run(model, network, progress))
+    timings["fixes_s"] = info["replays"]["fixes"]["seconds"]
+    results = evaluate_fixes(source, divergences, replays, memo_decode(lambda ids: decode_tokens(model, ids)), grader)
+    t0 = time.perf_counter()
+    costs = measure_costs(source, model, network, cost_repeats)
+    timings["costs_s"] = time.perf_counter() - t0
+    return fix_rows(results, divergences, costs)
+
+
 def _grader(source: RunSource, grader: str | Sequence[str] | None, timeout: float) -> GraderSpec | None:
     """--grader when given (checked before anything runs), else the grader the run used, else None (checks)."""
     if grader:
@@ -109,7 +116,7 @@ def _grader(source: RunSource, grader: str | Sequence[str] | None, timeout: floa
     return None
 
 
-def _network(source: RunSource, model: LoadedModel, replays: list[Replays]):
+def _network(source: RunSource, model: LoadedModel, replays: list[Replays]) -> LlamaForCausalLM:
     """The run's kernels on the model, its weights prepared for every other policy a replay plans with."""
     from flakecheck.kernels import get_ops
 
@@ -118,8 +125,9 @@ def _network(source: RunSource, model: LoadedModel, replays: list[Replays]):
     return build_model(model, get_ops(config.kernels, config.backend, config.profile, "cpu", also_plans=tuple(others)))
 
 
-def _attribution(source: RunSource, divergences: list[Divergence], mechanism_pairs: dict, replays: Replays,
-                 steps_after: int, model: LoadedModel) -> list[dict[str, Any]]:
+def _attribution(source: RunSource, divergences: list[Divergence], mechanism_pairs: dict[str, list[Pair]],
+                 replays: Replays, steps_after: int, model: LoadedModel) -> list[dict[str, Any]]:
+    """attribution.parquet's rows: every mechanism of every case, its pair's tokens compared in the window."""
     texts: dict[int, str] = {}
 
     def token_text(token_id: int) -> str:
@@ -135,13 +143,9 @@ def _attribution(source: RunSource, divergences: list[Divergence], mechanism_pai
                 rows.append(attribution_row(d, pair, window, None, None, token_text))
                 continue
             outcome = compare(replays.tokens(pair.a, d.case_id, window), replays.tokens(pair.b, d.case_id, window))
-            labels = (_label(pair.a, source), _label(pair.b, source))
+            labels = (pair.a.label(source.policy), pair.b.label(source.policy))
             rows.append(attribution_row(d, pair, window, outcome, labels, token_text))
     return rows
-
-
-def _label(variant: Variant, source: RunSource) -> str:
-    return variant.label(source.policy)
 
 
 def _summaries(divergences: list[Divergence], rows: list[dict[str, Any]], source: RunSource) -> dict[str, Any]:
