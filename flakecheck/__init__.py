@@ -4,8 +4,9 @@
     run = flakecheck.run_suite("suites/demo.jsonl", kernels="splitk", limit=20)
     print(run.cases.status.value_counts())
     again = flakecheck.load_run(run.path)   # runs, tokens, cases DataFrames + meta
+    why = flakecheck.explain_run(run.path)  # + attribution and fixes DataFrames
 
-`run_suite` and `load_run` are imported lazily so `flakecheck --help` stays fast.
+`run_suite`, `load_run` and `explain_run` are imported lazily so `flakecheck --help` stays fast.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "load_run", "run_suite"]
+__all__ = ["__version__", "explain_run", "load_run", "run_suite"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from flakecheck.rundir import load_run
 
         return load_run
+    if name == "explain_run":
+        from flakecheck.explain import explain_run
+
+        return explain_run
     raise AttributeError(f"module 'flakecheck' has no attribute {name!r}")

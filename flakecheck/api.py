@@ -118,20 +118,27 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
         grader_spec(config.grader, config.grader_timeout)  # the program exists: fail before a long replay
     loaded = model if model is not None else load_model(config.model, config.dtype)
     context = loaded.config.max_context
-    prompt_ids, _ = encode_inputs(suite_obj, config.input_format, has_chat_template(loaded.tokenizer),
-                                  lambda prompt: encode_prompt(loaded, prompt))
-    check_prompt_lengths(suite_obj, lambda case: len(prompt_ids[case.id]), context, config.max_tokens)
+    requests = case_requests(config, suite_obj, loaded)
+    prompt_lengths = {r.case_id: len(r.prompt_ids) for r in requests}
+    check_prompt_lengths(suite_obj, lambda case: prompt_lengths[case.id], context, config.max_tokens)
     for comp in config.compositions:
         longest_filler = comp.fillers.prompt_len[1] + comp.fillers.output_len[1]
         if comp.fillers.count and longest_filler > context:
             raise UserError(f"composition '{comp.name}': fillers of up to {longest_filler} tokens exceed the "
                             f"model's context of {context}")
-    requests = [CaseRequest(c.id, prompt_ids[c.id], c.max_tokens or config.max_tokens) for c in suite_obj.cases]
     out = config.out if config.out is not None else _default_out(suite_obj.path)
     config = config.with_changes(out=out)
     directory = RunDirectory(out)
     directory.begin(_fingerprint(config, suite_obj, loaded, requests), resume)
     return PreparedRun(config, suite_obj, loaded, requests, directory)
+
+
+def case_requests(config: RunConfig, suite: Suite, model: LoadedModel) -> list[CaseRequest]:
+    """Every case of `suite` as the engine sees it: the prompt's token ids under the run's input format, and
+    its token limit."""
+    prompt_ids, _ = encode_inputs(suite, config.input_format, has_chat_template(model.tokenizer),
+                                  lambda prompt: encode_prompt(model, prompt))
+    return [CaseRequest(c.id, prompt_ids[c.id], c.max_tokens or config.max_tokens) for c in suite.cases]
 
 
 def _fingerprint(config: RunConfig, suite: Suite, model: LoadedModel, requests: list[CaseRequest]) -> dict[str, Any]:

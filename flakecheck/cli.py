@@ -30,7 +30,8 @@ def run(
     suite: Path = typer.Argument(..., help="suite JSONL, one case per line"),
     model: str = typer.Option("smollm2", help="smollm2 | a Hugging Face directory | FILE.gguf | a hub id"),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
-    kernels: str = typer.Option("splitk", help="splitk (production-like variance) | invariant | native"),
+    kernels: str = typer.Option("splitk", help="splitk (production-like variance) | invariant | native, or one per "
+                                "op class: matmul=splitk,attention=invariant,norm=invariant"),
     backend: str = typer.Option("auto", help="auto | torch | triton"),
     profile: str = typer.Option("h100", help="device profile for split counts: h100 | a100 | h200 | l4"),
     compositions: Path | None = typer.Option(None, help="compositions file (.jsonl or .json)"),
@@ -151,6 +152,43 @@ def gate(
         fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
         max_score_swing=max_score_swing,
     ))
+
+
+@app.command(help="Which mechanism alone reproduces each diverged case's flip (matmul split-K, attention split-KV, "
+             "norm splits, chunked prefill, prefix cache, batch size), and the smallest fix, replayed and priced. "
+             "Writes attribution.parquet, fixes.parquet and explain.json into the run directory.\n\n"
+             "Example: flakecheck explain reports/demo-20261201T120000Z --ids code-01,math-02")
+def explain(
+    run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
+    ids: str | None = typer.Option(None, help="only these diverged case ids, comma-separated"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    steps_after: int = typer.Option(4, help="replay each case this many tokens past its first divergence"),
+    grader: str | None = typer.Option(None, help="grade the fixed outputs with this command (default: the run's "
+                                      "grader, else the suite's checks)"),
+    grader_timeout: float = typer.Option(GRADER_TIMEOUT_S, help="seconds the --grader process may take"),
+    suite: Path | None = typer.Option(None, help="the run's suite file, if it moved (its sha256 must match)"),
+    no_fixes: bool = typer.Option(False, "--no-fixes", help="attribution only: skip replaying and pricing fixes"),
+    top: int = typer.Option(20, help="how many cases to list"),
+    quiet: bool = typer.Option(False, help="no progress bar"),
+) -> None:
+    from flakecheck.explain.command import explain_from_cli
+
+    raise typer.Exit(explain_from_cli(run_dir, ids, json_out, steps_after, grader, grader_timeout, suite,
+                                      not no_fixes, top, quiet))
+
+
+@app.command(help="Write a self-contained directory that reproduces one case's flip: its suite lines, the two "
+             "compositions, a script that replays them and checks the divergence (exit 0 when it reproduces), "
+             "and the probe command for a server.\n\nExample: flakecheck repro reports/demo-splitk code-01")
+def repro(
+    run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
+    case_id: str = typer.Argument(..., help="a case that diverged in that run"),
+    out: Path | None = typer.Option(None, help="the directory to write (default RUN_DIR/repro/CASE_ID)"),
+    suite: Path | None = typer.Option(None, help="the run's suite file, if it moved (its sha256 must match)"),
+) -> None:
+    from flakecheck.explain.command import repro_from_cli
+
+    raise typer.Exit(repro_from_cli(run_dir, case_id, out, suite))
 
 
 @kernels_app.command("check", help="Probe every op along every axis under each policy; exit 1 if the "

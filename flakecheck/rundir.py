@@ -83,6 +83,44 @@ TRACE_SCHEMA = pa.schema([
     ("top1_logits", pa.list_(pa.float64())),
 ])
 
+# attribution.parquet (`flakecheck explain`): one row per (diverged case, mechanism); see flakecheck.explain
+ATTRIBUTION_SCHEMA = pa.schema([
+    ("case_id", pa.string()),
+    ("mechanism", pa.string()),  # matmul_splitk | attention_splitkv | norm_splits | chunked_prefill | ...
+    ("kind", pa.string()),  # reduction | scheduling
+    ("candidate", pa.bool_()),  # the mechanism is variable in this run (policy, composition) and was replayed
+    ("reason", pa.string()),  # why not a candidate (null when it is)
+    ("side_a", pa.string()),  # what the pair compares: composition [policy], one side ...
+    ("side_b", pa.string()),  # ... and the other
+    ("window", pa.int32()),  # tokens compared: the case's first divergence + --steps-after + 1
+    ("diverges", pa.bool_()),  # the pair's tokens differ within the window
+    ("first_divergence", pa.int32()),  # the pair's first differing step (null: none within the window)
+    ("same_step", pa.bool_()),  # ... is the run's recorded first divergence
+    ("same_tokens", pa.bool_()),  # ... with the recorded token pair
+    ("token_a", pa.string()),
+    ("token_b", pa.string()),
+    ("reproduces", pa.bool_()),  # this mechanism alone reproduces the divergence (diverges at the same step)
+])
+
+# fixes.parquet (`flakecheck explain`): one row per candidate fix, ranked (rank 1 = the cheapest full fix)
+FIXES_SCHEMA = pa.schema([
+    ("rank", pa.int32()),
+    ("fix", pa.string()),  # fixed_matmul | fixed_attention | fixed_all | serial | no_prefix_cache | no_chunked_prefill
+    ("label", pa.string()),
+    ("changes", pa.list_(pa.string())),  # the compositions (or "kernels: ...") the fix changes; empty: none
+    ("replayed", pa.list_(pa.string())),  # the changed compositions that were replayed (others matched a recorded one)
+    ("flaky_cases", pa.int32()),  # diverged cases considered
+    ("stabilised", pa.int32()),  # ... with identical tokens under every composition once the fix is applied
+    ("still_flaky", pa.list_(pa.string())),
+    ("full_fix", pa.bool_()),
+    ("verdict_flips_before", pa.int32()),
+    ("verdict_flips_after", pa.int32()),
+    ("cost_factor", pa.float64()),  # measured slowdown of the work the fix touches (1.0: none; null: not measured)
+    ("cost", pa.string()),  # what was measured, in words
+    ("vllm", pa.string()),  # the corresponding production settings
+    ("sglang", pa.string()),
+])
+
 STATUSES = ("stable", "fragile", "flaky", "verdict_flaky")
 TABLES = {"runs": RUNS_SCHEMA, "tokens": TOKENS_SCHEMA, "cases": CASES_SCHEMA}
 
@@ -94,6 +132,10 @@ class RunData:
     runs: pd.DataFrame
     tokens: pd.DataFrame
     cases: pd.DataFrame
+    # what `flakecheck explain` added (None when it has not run on this directory)
+    attribution: pd.DataFrame | None = None
+    fixes: pd.DataFrame | None = None
+    explain: dict[str, Any] | None = None
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -142,6 +184,7 @@ class RunDirectory:
 
     RUNS, TOKENS, CASES = "runs.parquet", "tokens.parquet", "cases.parquet"
     META, HTML, PARTIAL, FINGERPRINT = "meta.json", "report.html", "partial", "fingerprint.json"
+    ATTRIBUTION, FIXES, EXPLAIN = "attribution.parquet", "fixes.parquet", "explain.json"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -201,6 +244,19 @@ class RunDirectory:
     def write_meta(self, meta: dict[str, Any]) -> None:
         write_json(self.path / self.META, meta)
 
+    def write_explain(self, attribution: list[dict[str, Any]], fixes: list[dict[str, Any]] | None,
+                      info: dict[str, Any]) -> None:
+        """What `flakecheck explain` found. explain.json goes last and names the tables it belongs with, so a
+        crash part-way leaves the directory as it was before (the older explanation, or none) in every reader."""
+        (self.path / self.EXPLAIN).unlink(missing_ok=True)
+        write_table(self.path / self.ATTRIBUTION, to_table(attribution, ATTRIBUTION_SCHEMA))
+        if fixes is not None:
+            write_table(self.path / self.FIXES, to_table(fixes, FIXES_SCHEMA))
+        else:
+            (self.path / self.FIXES).unlink(missing_ok=True)
+        write_json(self.path / self.EXPLAIN, {**info, "tables": [self.ATTRIBUTION] + ([self.FIXES] if fixes is not None
+                                                                                     else [])})
+
     def finish(self) -> None:
         """The run is complete: its saved traces are no longer needed."""
         shutil.rmtree(self.partial_dir, ignore_errors=True)
@@ -225,4 +281,24 @@ def load_run(path: str | Path) -> RunData:
         tables = {name: read_table(path / f"{name}.parquet") for name in TABLES}
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise UserError(f"{path}: unreadable run directory ({exc})") from exc
-    return RunData(path, meta, tables["runs"], tables["tokens"], tables["cases"])
+    return RunData(path, meta, tables["runs"], tables["tokens"], tables["cases"], **_explained(path))
+
+
+def _explained(path: Path) -> dict[str, Any]:
+    """attribution / fixes / explain from a finished `flakecheck explain` (explain.json lists its tables)."""
+    names = RunDirectory
+    try:
+        info = json.loads((path / names.EXPLAIN).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path / names.EXPLAIN}: unreadable ({exc}); run `flakecheck explain {path}` again") from exc
+    listed = set(info.get("tables") or []) if isinstance(info, dict) else set()
+    try:
+        return {
+            "explain": info,
+            "attribution": read_table(path / names.ATTRIBUTION) if names.ATTRIBUTION in listed else None,
+            "fixes": read_table(path / names.FIXES) if names.FIXES in listed else None,
+        }
+    except (OSError, pa.ArrowException) as exc:
+        raise UserError(f"{path}: unreadable explain tables ({exc}); run `flakecheck explain {path}` again") from exc

@@ -24,7 +24,7 @@ cores:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,31 +83,71 @@ def simulate(model: LoadedModel, network: LlamaForCausalLM, cases: Sequence[Case
              until: Callable[[], bool] = lambda: False) -> Lockstep:
     """Replay every job of `work` in lockstep; `on_run_done` gets each as it completes (`until()`, checked
     between ticks, may stop early). Returns the lockstep (its stats)."""
-    vocab = model.config.vocab_size
-    special = frozenset(getattr(model.tokenizer, "all_special_ids", []) or []) | model.eos_token_ids
-    jobs = [item if isinstance(item, Job) else Job(*item) for item in work]
-    plans = [(job, build_requests(cases, job.composition, job.repeat, vocab, special)) for job in jobs]
-    longest = max(len(r.prompt_ids) + r.params.max_tokens for _, requests in plans for r in requests)
-    widest = max([job.composition.max_batch for job, _ in plans] + [1])
-    config = model.config
-    cache = KVCache(config.num_layers, max(max_slots, widest), config.num_kv_heads, config.head_dim, model.dtype,
-                    length=longest)
-    lockstep = Lockstep(network, cache, max_rows)
-    builder = _Builder(lockstep, model, cases, on_case_done, on_run_done)
-    for job, requests in plans:
-        builder.add(job, requests)
-    lockstep.run(until)
-    return lockstep
+    simulation = Simulation(model, network, cases, work, on_case_done, on_run_done, max_slots, max_rows)
+    simulation.lockstep.run(until)
+    return simulation.lockstep
+
+
+class Simulation:
+    """Every job of `work`, built into one lockstep (not yet run): `lockstep.run(until)` replays them, and
+    `so_far` reads what a job's case has generated, finished or not — after an early stop too.
+
+    `windows` (case id -> tokens) asks for only the first tokens of those cases: a core stops as soon as
+    every case it reports has them (its traces then end with finish_reason "window"), a serial core with a
+    prefix cache that reports no case once its prompt's KV is written. Nothing is cut short before that, so
+    every step up to it — and every batch-mate's schedule — is the step the full replay makes: each case's
+    tokens are the first tokens of its full replay. A reported case without a window runs to its end."""
+
+    def __init__(self, model: LoadedModel, network: LlamaForCausalLM, cases: Sequence[CaseRequest],
+                 work: Sequence[tuple[Composition, int] | Job], on_case_done: Callable[[Trace], None],
+                 on_run_done: Callable[[RunTraces], None], max_slots: int = MAX_SLOTS,
+                 max_rows: int = MAX_ROWS, windows: Mapping[str, int] | None = None) -> None:
+        vocab = model.config.vocab_size
+        special = frozenset(getattr(model.tokenizer, "all_special_ids", []) or []) | model.eos_token_ids
+        jobs = [item if isinstance(item, Job) else Job(*item) for item in work]
+        plans = [(job, build_requests(cases, job.composition, job.repeat, vocab, special)) for job in jobs]
+        longest = max(len(r.prompt_ids) + r.params.max_tokens for _, requests in plans for r in requests)
+        widest = max([job.composition.max_batch for job, _ in plans] + [1])
+        config = model.config
+        cache = KVCache(config.num_layers, max(max_slots, widest), config.num_kv_heads, config.head_dim,
+                        model.dtype, length=longest)
+        self.lockstep = Lockstep(network, cache, max_rows)
+        self._builder = _Builder(self.lockstep, model, cases, on_case_done, on_run_done, windows)
+        for job, requests in plans:
+            self._builder.add(job, requests)
+
+    def finished(self, job: Job, case_id: str) -> bool:
+        run = self._builder.runs.get((job.name, job.repeat))
+        return run is not None and case_id in run.traces
+
+    def so_far(self, job: Job, case_id: str) -> Trace | None:
+        """The case's trace under `job`: complete once it finished, else what it generated so far (None if
+        the job does not report the case)."""
+        run = self._builder.runs.get((job.name, job.repeat))
+        if run is None or case_id not in run.case_ids:
+            return None
+        if case_id in run.traces:
+            return run.traces[case_id]
+        core = self._builder.cores[(job.name, job.repeat)].get(case_id)
+        completion = core.progress(case_id) if core is not None else None
+        if completion is None:  # not admitted yet: nothing generated
+            return Trace(case_id, run.name, run.repeat, [], [], [], [], [], "length", [])
+        return trace_of(completion, run.name, run.repeat)
 
 
 class _Builder:
     def __init__(self, lockstep: Lockstep, model: LoadedModel, cases: Sequence[CaseRequest],
-                 on_case_done: Callable[[Trace], None], on_run_done: Callable[[RunTraces], None]) -> None:
-        self.lockstep, self.model = lockstep, model
+                 on_case_done: Callable[[Trace], None], on_run_done: Callable[[RunTraces], None],
+                 windows: Mapping[str, int] | None = None) -> None:
+        self.lockstep, self.model, self.windows = lockstep, model, windows
         self.case_ids = [c.case_id for c in cases]
         self.on_case_done, self.on_run_done = on_case_done, on_run_done
         # serial cores without a prefix cache, shared by every run that schedules the same computation
         self.serial: dict[tuple[str, int | None, KernelPolicy | None], list[RunTraces]] = {}
+        self.serial_cores: dict[tuple[str, int | None, KernelPolicy | None], EngineCore] = {}
+        # each job's RunTraces and the core each of its reported cases runs in, by (job name, repeat)
+        self.runs: dict[tuple[str, int], RunTraces] = {}
+        self.cores: dict[tuple[str, int], dict[str, EngineCore]] = {}
 
     def core(self, max_num_seqs: int, chunk: int | None, prefix: PrefixCache | None) -> EngineCore:
         return EngineCore(self.lockstep.cache, self.model.eos_token_ids, self.model.config.max_context,
@@ -134,6 +174,8 @@ class _Builder:
         composition = job.composition
         reported = [c for c in self.case_ids if job.cases is None or c in job.cases]
         run = RunTraces(composition, job.repeat, reported, name=job.name)
+        self.runs[(job.name, job.repeat)] = run
+        cores = self.cores.setdefault((job.name, job.repeat), {})
         if composition.max_batch > 1:
             self._whole(job, [run], requests)
         elif not composition.prefix_cache:
@@ -143,12 +185,38 @@ class _Builder:
                 key = (str(request.request_id), composition.chunk, job.policy)
                 if key not in self.serial:
                     self.serial[key] = []
-                    member = self.core(1, composition.chunk, None)
+                    member = self.serial_cores[key] = self.core(1, composition.chunk, None)
                     member.add_request(Request(request.request_id, request.prompt_ids, request.params))
-                    self.lockstep.add(Member(member, self.listener(self.serial[key]), policy=job.policy))
+                    self.lockstep.add(Member(member, self.listener(self.serial[key]), policy=job.policy,
+                                             done=self.wanted(member, self.serial[key], [key[0]])))
                 self.serial[key].append(run)
+                cores[str(request.request_id)] = self.serial_cores[key]
         else:
             self._serial_with_prefix(job, run, requests)
+
+    def wanted(self, core: EngineCore, runs: list[RunTraces], case_ids: list[str]) -> Callable[[], bool]:
+        """With windows: whether `core` has computed all that is wanted of it — every case it reports (to any
+        of `runs`) has its window or finished; a core that reports no case, its prompts (a prefix cache's
+        KV). Without windows: never (every core runs to its end)."""
+        windows = self.windows
+        if windows is None:
+            return lambda: False
+        if not case_ids:
+            return core.prompts_done
+
+        def done() -> bool:
+            for case_id in case_ids:
+                if all(case_id in run.traces for run in runs):
+                    continue
+                window = windows.get(case_id)
+                if window is None:
+                    return False
+                progress = core.progress(case_id)
+                if progress is None or len(progress.token_ids) < window:
+                    return False
+            return True
+
+        return done
 
     def _whole(self, job: Job, runs: list[RunTraces], requests: list[Request]) -> None:
         composition = job.composition
@@ -156,7 +224,10 @@ class _Builder:
         core = self.core(composition.max_batch, composition.chunk, prefix)
         for request in requests:
             core.add_request(request)
-        self.lockstep.add(Member(core, self.listener(runs), policy=job.policy))
+            if not isinstance(request.request_id, tuple):
+                self.cores[(job.name, job.repeat)][str(request.request_id)] = core
+        self.lockstep.add(Member(core, self.listener(runs), policy=job.policy,
+                                 done=self.wanted(core, runs, runs[0].case_ids)))
 
     def _serial_with_prefix(self, job: Job, run: RunTraces, requests: list[Request]) -> None:
         prefix = PrefixCache()
@@ -175,9 +246,12 @@ class _Builder:
             core = self.core(1, job.composition.chunk, prefix)
             core.add_request(Request(request.request_id, request.prompt_ids, request.params,
                                      cache_salt=request.cache_salt))
+            if not isinstance(request.request_id, tuple):
+                self.cores[(job.name, job.repeat)][str(request.request_id)] = core
             waits = list(earlier.get(key, [])) if key is not None else []
+            reported = [str(request.request_id)] if str(request.request_id) in run.case_ids else []
             self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits),
-                                     policy=job.policy))
+                                     policy=job.policy, done=self.wanted(core, [run], reported)))
             if key is not None:
                 earlier.setdefault(key, []).append(core)
 

@@ -24,6 +24,7 @@ from flakecheck.engine.loader import LoadedModel, load_model
 from flakecheck.engine.model_runner import ModelRunner
 from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.kernels import AttentionLayout, Ops, get_ops
+from flakecheck.kernels.policy import KernelPolicy
 
 POLICIES = ("native", "invariant", "splitk")
 CONTEXT = 128
@@ -39,9 +40,9 @@ def main(json_out: bool = False, quick: bool = False) -> None:
     results: dict[str, dict[str, dict[str, float]]] = {}
     for batch in batch_sizes:
         cases = _op_cases(loaded, batch)
-        cases["decode_step"] = lambda o, b=batch: _decode_step(models[o.policy], loaded, b)
+        cases["decode_step"] = lambda o, b=batch: engine_step(models[o.policy], loaded, b)
         for name, make in cases.items():
-            timings = _interleaved({p: make(ops[p]) for p in POLICIES}, repeats)
+            timings = interleaved({p: make(ops[p]) for p in POLICIES}, repeats)
             results.setdefault(f"batch_{batch}", {})[name] = timings
             if not json_out:
                 cells = "  ".join(f"{p} {timings[p] * 1e3:8.2f} ms" for p in POLICIES)
@@ -112,25 +113,29 @@ def _decode_attention_batch(batch: int) -> AttentionLayout:
     return AttentionLayout.of([(slot, 1, CONTEXT) for slot in range(batch)])
 
 
-def _decode_step(model, loaded: LoadedModel, batch: int) -> Callable[[], object]:
-    """One decode step of `batch` sequences over a cache of random keys and values."""
+def engine_step(model, loaded: LoadedModel, batch: int, query_len: int = 1, context: int = CONTEXT,
+                policy: KernelPolicy | None = None) -> Callable[[], object]:
+    """One engine step of `batch` sequences over a cache of random keys and values, each computing the last
+    `query_len` of its `context` tokens (1: a decode step; `context`: a whole prompt's prefill), planned
+    under `policy` (None: the model's own; else one its weights are prepared for)."""
     c = loaded.config
-    cache = KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, loaded.dtype, length=CONTEXT + 64)
+    cache = KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, loaded.dtype, length=context + 64)
     for t in cache.k + cache.v:
         t.normal_()
     # the engine's own packing, so the bench follows the engine's batch layout
     seqs = []
     for slot in range(batch):
-        seq = Sequence(slot, [int(t) for t in torch.randint(0, c.vocab_size, (CONTEXT,))], SamplingParams())
-        seq.slot, seq.num_computed = slot, CONTEXT - 1
-        seqs.append((seq, 1))
+        seq = Sequence(slot, [int(t) for t in torch.randint(0, c.vocab_size, (context,))], SamplingParams())
+        seq.slot, seq.num_computed = slot, context - query_len
+        seqs.append((seq, query_len))
     runner = ModelRunner(model, cache)
-    step = runner.plan(seqs)  # the engine's own planning and packing, timed with the forward pass
+    step = runner.plan(seqs, policy)  # the engine's own planning and packing, timed with the forward pass
 
     return lambda: runner.forward([step])
 
 
-def _interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+def interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """The median seconds of each call, the calls taking turns (after one warm-up each)."""
     for call in calls.values():  # warm-up: allocator, first-touch of caches
         call()
     times: dict[str, list[float]] = {p: [] for p in calls}

@@ -33,6 +33,9 @@ class Member:
     on_finish: Callable[[Completion], None]
     ready: Callable[[], bool] = field(default=lambda: True)
     policy: KernelPolicy | None = None  # plans this core's steps (None: the network's own policy)
+    # whether the core has computed all that is wanted of it: it then stops, its unfinished requests end
+    # with finish_reason "window" (handed to on_finish as they are) and their KV slots return to the pool
+    done: Callable[[], bool] = field(default=lambda: False)
 
     @property
     def slots(self) -> int:
@@ -69,6 +72,8 @@ class Lockstep:
             self._admit()
             proposals: list[tuple[Member, Scheduled]] = []
             for member in list(self.active):
+                if member.done():
+                    self._stop(member)
                 scheduled = member.core.propose()
                 if scheduled:
                     proposals.append((member, scheduled))
@@ -80,6 +85,14 @@ class Lockstep:
                     raise RuntimeError("lockstep: every waiting core waits on another; nothing can run")
                 continue
             self._tick(proposals)
+
+    @staticmethod
+    def _stop(member: Member) -> None:
+        core = member.core
+        for seq in [*core.scheduler.running, *core.scheduler.waiting]:
+            completion = core.abort(seq.request_id, "window")
+            if completion is not None:
+                member.on_finish(completion)
 
     def _admit(self) -> None:
         for member in list(self.pending):

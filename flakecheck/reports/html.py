@@ -22,10 +22,11 @@ import pandas as pd
 from markupsafe import Markup
 
 from flakecheck.analysis import first_divergence, run_label
+from flakecheck.reports.explanation import explanation, fmt_cost, mechanism_counts, stabilised
 from flakecheck.reports.facts import (
+    CONFIDENT_NOTE,
     DIVERGED,
     RunFacts,
-    CONFIDENT_NOTE,
     clean,
     empty_answer_warning,
     flip_summary,
@@ -120,6 +121,7 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
         fmt_rate=fmt_rate, flaky_rate=fmt_rate(facts.flaky_rate), meta_json=_pretty_meta(run.meta),
         empty_warning=empty_answer_warning(facts), score=facts.score, score_sentence=swing_sentence(facts.score),
         score_range=score_range(facts.score), flip_summary=flip_summary(facts), confident_note=CONFIDENT_NOTE,
+        explained=explanation(run), mechanism_counts=mechanism_counts, fmt_cost=fmt_cost, stabilised=stabilised,
     )
 
 

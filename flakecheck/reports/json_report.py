@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from flakecheck.reports.explanation import Explanation, explanation
 from flakecheck.reports.facts import empty_answer_warning, gather, next_command
-from flakecheck.score_swing import swing_sentence
 from flakecheck.rundir import RunData
+from flakecheck.score_swing import swing_sentence
 
 
 def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
@@ -44,7 +45,31 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
             for c in facts.compositions
         ],
         "top": facts.top(top),
+        "explain": explain_dict(explanation(run)),
         "next": {"why": why, "command": command},
+    }
+
+
+def explain_dict(facts: Explanation | None) -> dict[str, Any] | None:
+    """What `flakecheck explain` found (null when it has not run): per case, the mechanisms that alone reproduce
+    its flip; per mechanism, in how many cases it was variable and reproduced; the ranked fixes."""
+    if facts is None:
+        return None
+    info = facts.info
+    return {
+        "steps_after": facts.steps_after,
+        "cases": [{"case_id": c.case_id, "first_divergence": c.step, "composition": c.where, "summary": c.summary,
+                   "reduction": c.reduction, "scheduling": c.scheduling,
+                   "mechanisms": [{k: r[k] for k in ("mechanism", "kind", "candidate", "reason", "side_a", "side_b",
+                                                     "first_divergence", "same_step", "same_tokens", "token_a",
+                                                     "token_b", "reproduces")} for r in c.rows]}
+                  for c in facts.cases],
+        "mechanisms": {m: {"candidate": facts.candidates[m], "reproduces": facts.reproduces[m]}
+                       for m in facts.candidates},
+        "interaction": facts.interactions,
+        "fixes": facts.fixes,
+        "timings": info.get("timings"),
+        "replays": info.get("replays"),
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 
+from flakecheck.reports.explanation import Explanation, explanation, fmt_cost, mechanism_counts, stabilised
 from flakecheck.reports.facts import (
     CONFIDENT_NOTE,
     RunFacts,
@@ -20,8 +21,8 @@ from flakecheck.reports.facts import (
     next_command,
     score_range,
 )
-from flakecheck.score_swing import swing_sentence
 from flakecheck.rundir import STATUSES, RunData
+from flakecheck.score_swing import swing_sentence
 
 MARKDOWN_SPECIALS = str.maketrans({c: f"\\{c}" for c in "\\`*_[]|~"})
 
@@ -40,10 +41,10 @@ def md_token(value: str | None) -> str:
 
 
 def render_markdown(run: RunData, top: int = 10) -> str:
-    return markdown_from_facts(gather(run), top)
+    return markdown_from_facts(gather(run), top, explanation(run))
 
 
-def markdown_from_facts(facts: RunFacts, top: int = 10) -> str:
+def markdown_from_facts(facts: RunFacts, top: int = 10, explained: Explanation | None = None) -> str:
     lines = [f"## flakecheck: {md_text(facts.suite_name)}", ""]
     lines += header_lines(facts)
     lines += ["", "| status | cases | share |", "|---|---:|---:|"]
@@ -71,6 +72,8 @@ def markdown_from_facts(facts: RunFacts, top: int = 10) -> str:
     for c in facts.compositions:
         label = md_text(c.name) + (" (reference)" if c.is_reference else "")
         lines.append(f"| {label} | {c.diverged_cases} | {c.verdict_changes} | {fmt_rate(scores.get(c.name))} |")
+    if explained is not None:
+        lines += explanation_lines(explained, top)
     why, command = next_command(facts)
     lines += ["", f"Next, {why}:", "", "```", command.replace("`", "'"), "```", ""]
     return "\n".join(lines)
@@ -122,4 +125,32 @@ def risk_table(risky: list[dict]) -> list[str]:
             f"| {md_text(c['divergence_composition'] or '—')} | {pair} | {fmt_gap(c['gap_at_divergence'])} "
             f"| {c.get('flip_kind') or '—'} | {fmt_gap(c['min_gap'])} | {fmt_rate(c['pass_rate'])} |"
         )
+    return lines
+
+
+def explanation_lines(facts: Explanation, top: int = 10) -> list[str]:
+    """`flakecheck explain`'s findings: the mechanism counts, the cases, the ranked fixes."""
+    lines = ["", "### Why they flipped", ""]
+    if not facts.cases:
+        return lines + ["No diverged case to explain."]
+    lines += [f"Each diverged case replayed to its first divergence + {facts.steps_after} steps with one mechanism "
+              "variable; cases each mechanism alone reproduces, of those where it varies: "
+              f"{md_text(mechanism_counts(facts), 600)}.", "",
+              "| case | step | where | kernels | scheduling |", "|---|---:|---|---|---|"]
+    for case in facts.cases[:max(top, 0)]:
+        lines.append(f"| {md_text(case.case_id, 80)} | {fmt_step(case.step)} | {md_text(case.where or '—')} "
+                     f"| {md_text(case.reduction or '—')} | {md_text(case.scheduling or '—')} |")
+    if len(facts.cases) > top:
+        lines.append(f"| … {len(facts.cases) - top} more in attribution.parquet | | | | |")
+    if facts.fixes:
+        lines += ["", "### Smallest fix (replayed; cheapest full fix first)", "",
+                  "| # | fix | stabilises | verdict flips | cost | what was measured | vLLM | SGLang |",
+                  "|---:|---|---:|---:|---:|---|---|---|"]
+        for fix in facts.fixes:
+            lines.append(f"| {fix['rank']} | {md_text(fix['label'])} | {stabilised(fix)} "
+                         f"| {fix['verdict_flips_before']} → {fix['verdict_flips_after']} | {fmt_cost(fix)} "
+                         f"| {md_text(fix['cost'], 400)} | {md_text(fix['vllm'])} | {md_text(fix['sglang'])} |")
+    line = facts.cost_line()
+    if line:
+        lines += ["", md_text(line, 400)]
     return lines

@@ -6,6 +6,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from flakecheck.reports.explanation import (
+    Explanation,
+    explain_command,
+    explanation,
+    fmt_cost,
+    mechanism_counts,
+    stabilised,
+)
 from flakecheck.reports.facts import (
     CONFIDENT_NOTE,
     RunFacts,
@@ -18,8 +26,8 @@ from flakecheck.reports.facts import (
     next_command,
     score_range,
 )
-from flakecheck.score_swing import swing_sentence
 from flakecheck.rundir import STATUSES, RunData
+from flakecheck.score_swing import swing_sentence
 
 STATUS_STYLE = {"stable": "green", "fragile": "yellow", "flaky": "magenta", "verdict_flaky": "bold red"}
 
@@ -59,6 +67,12 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
     risky = facts.top(top)
     if risky:
         console.print(_top_table(risky, facts))
+    explained = explanation(run)
+    if explained is not None:
+        render_explanation(explained, console, top)
+    elif facts.n_diverged and facts.meta.get("source", "engine") == "engine":
+        console.print(f"why they flipped, and the cheapest fix: [cyan]{escape(explain_command(run))}[/]",
+                      soft_wrap=True)
     console.print(f"run directory: [bold]{escape(str(facts.path))}[/]")
     html = facts.path / "report.html"
     if html.is_file():
@@ -128,3 +142,52 @@ def _token(text: str | None) -> str:
     """A token as a visible literal: repr shows leading spaces and newlines that matter here."""
     return "?" if text is None else repr(text)
 
+
+
+def render_explanation(facts: Explanation, console: Console, top: int = 10) -> None:
+    """What `flakecheck explain` found: which mechanisms alone reproduce each flip, and the ranked fixes."""
+    n = len(facts.cases)
+    if not n:
+        console.print("[green]explain[/]: no diverged case to explain")
+        return
+    console.print(f"[bold]why they flipped[/] ({n} diverged case{'s' if n != 1 else ''}, each replayed to its first "
+                  f"divergence + {facts.steps_after} with one mechanism variable): cases each mechanism alone "
+                  f"reproduces, of those where it varies:")
+    console.print(f"  {escape(mechanism_counts(facts))}", soft_wrap=True)
+    table = Table(title_justify="left", show_edge=False)
+    for name, justify in (("case", "left"), ("step", "right"), ("where", "left"), ("kernels", "left"),
+                          ("scheduling", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for case in facts.cases[:max(top, 0)]:
+        table.add_row(escape(case.case_id), fmt_step(case.step), escape(case.where or "—"),
+                      _mechanism(case.reduction), _mechanism(case.scheduling))
+    if top > 0:
+        console.print(table)
+    if len(facts.cases) > top:
+        console.print(f"  … {len(facts.cases) - top} more in attribution.parquet")
+    if facts.fixes:
+        console.print(_fix_table(facts))
+        for fix in facts.fixes:
+            console.print(f"  {fix['rank']}. {escape(fix['label'])}: {escape(fix['cost'])}; "
+                          f"vLLM {escape(fix['vllm'])}; SGLang {escape(fix['sglang'])}", soft_wrap=True)
+    line = facts.cost_line()
+    if line:
+        console.print(escape(line))
+
+
+def _mechanism(text: str | None) -> str:
+    if text is None:
+        return "—"
+    return f"[yellow]{escape(text)}[/]" if text == "interaction" else escape(text)
+
+
+def _fix_table(facts: Explanation) -> Table:
+    table = Table(title="smallest fix (replayed, cheapest full fix first)", title_justify="left", show_edge=False)
+    for name, justify in (("#", "right"), ("fix", "left"), ("stabilises", "right"), ("verdict flips", "right"),
+                          ("cost", "right")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for fix in facts.fixes:
+        style = "green" if fix["full_fix"] else ""
+        table.add_row(str(fix["rank"]), f"[{style}]{escape(fix['label'])}[/]" if style else escape(fix["label"]),
+                      stabilised(fix), f"{fix['verdict_flips_before']} -> {fix['verdict_flips_after']}", fmt_cost(fix))
+    return table

@@ -1,0 +1,157 @@
+"""`flakecheck explain RUN_DIR`: which mechanism flipped each diverged case, and the smallest fix, priced.
+
+    run = flakecheck.explain_run("reports/demo-splitk")
+    run.attribution[run.attribution.reproduces]      # which mechanisms alone reproduce each flip
+    run.fixes.sort_values("rank")                     # the candidate fixes, cheapest full fix first
+
+Reopen the run (settings, suite, recorded tokens) -> replay each diverged case's mechanism pairs up to its
+first divergence + `steps_after` (one lockstep; flakecheck.explain.mechanisms) -> replay the flaky cases under
+each candidate fix (a second lockstep, full length; flakecheck.explain.fixes) -> time each fix's cost
+(flakecheck.explain.costs) -> write attribution.parquet, fixes.parquet and explain.json into the run
+directory (RunDirectory.write_explain) and render report.html again if the run has one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from flakecheck.engine import LoadedModel, build_model, decode_tokens, load_model
+from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.errors import UserError
+from flakecheck.explain.costs import measure_costs
+from flakecheck.explain.fixes import evaluate_fixes, fix_rows, plan_fixes
+from flakecheck.explain.mechanisms import Pair, attribution_row, compare, pairs
+from flakecheck.explain.source import Divergence, RunSource, open_run, with_requests
+from flakecheck.explain.summary import case_summary
+from flakecheck.explain.targeted import Replays, Variant
+from flakecheck.grader import DEFAULT_TIMEOUT_S, GraderSpec, grader_spec
+from flakecheck.grading import memo_decode
+from flakecheck.rundir import RunData, RunDirectory, load_run
+
+DEFAULT_STEPS_AFTER = 4
+
+
+def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: int = DEFAULT_STEPS_AFTER,
+                grader: str | Sequence[str] | None = None, grader_timeout: float = DEFAULT_TIMEOUT_S,
+                suite: str | Path | None = None, fixes: bool = True, model: LoadedModel | None = None,
+                progress: bool = False, cost_repeats: int = 3) -> RunData:
+    """Explain the diverged cases of a run directory (those of `ids`, when given) and write what was found
+    into it; returns the run loaded again, with `attribution`, `fixes` and `explain` set.
+
+    `grader` grades the fixed outputs (default: the grader the run used, else the suite's checks); `suite`
+    points at the run's suite file when it moved; `fixes=False` skips the fix list and its costs."""
+    started = time.perf_counter()
+    if isinstance(steps_after, bool) or not isinstance(steps_after, int) or steps_after < 0:
+        raise UserError(f"--steps-after must be an integer >= 0, got {steps_after!r}")
+    source = open_run(run_dir, suite)
+    spec = _grader(source, grader, grader_timeout)
+    divergences = source.divergences(tuple(ids))
+    info: dict[str, Any] = {
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "steps_after": steps_after,
+        "ids": list(ids), "n_explained": len(divergences), "grader": spec.to_dict() if spec else None,
+        "priced_fixes": fixes and bool(divergences), "cases": {}, "replays": {},
+    }
+    timings: dict[str, float | None] = {"run_replay_s": (source.run.meta.get("timings") or {}).get("replay_s")}
+    attribution: list[dict[str, Any]] = []
+    fix_table: list[dict[str, Any]] | None = None
+    if divergences:
+        t0 = time.perf_counter()
+        loaded = model if model is not None else load_model(source.config.model, source.config.dtype)
+        with_requests(source, loaded)
+        mechanism_pairs = {d.case_id: pairs(d, source.reference, source.policy) for d in divergences}
+        explain_replays, fix_replays = Replays(source), Replays(source)
+        for d in divergences:
+            for pair in mechanism_pairs[d.case_id]:
+                if pair.a is not None and pair.b is not None:
+                    explain_replays.need(pair.a, d.case_id, d.step + steps_after + 1)
+                    explain_replays.need(pair.b, d.case_id, d.step + steps_after + 1)
+        if fixes:
+            plan_fixes(source, divergences, fix_replays)
+        network = _network(source, loaded, [explain_replays, fix_replays])
+        timings["load_s"] = time.perf_counter() - t0
+        info["replays"]["attribution"] = vars(explain_replays.run(loaded, network, progress))
+        timings["attribution_s"] = info["replays"]["attribution"]["seconds"]
+        attribution = _attribution(source, divergences, mechanism_pairs, explain_replays, steps_after, loaded)
+        info["cases"] = _summaries(divergences, attribution, source)
+        if fixes:
+            fix_table = _price_fixes(source, divergences, fix_replays, loaded, network, spec, cost_repeats, info,
+                                     timings, progress)
+    timings["total_s"] = time.perf_counter() - started
+    if timings.get("attribution_s") is not None and timings["run_replay_s"]:
+        timings["attribution_vs_run"] = timings["attribution_s"] / timings["run_replay_s"]
+    info["timings"] = timings
+    directory = RunDirectory(run_dir)
+    directory.write_explain(attribution, fix_table, info)
+    run = load_run(run_dir)
+    if directory.html_path.is_file():
+        from flakecheck.reports.html import write_html
+
+        write_html(run, directory.html_path)
+    return run
+
+
+def _price_fixes(source: RunSource, divergences: list[Divergence], replays: Replays, model: LoadedModel,
+                 network: LlamaForCausalLM, grader: GraderSpec | None, cost_repeats: int, info: dict[str, Any],
+                 timings: dict[str, float | None], progress: bool) -> list[dict[str, Any]]:
+    """Replay the fixes (`replays` holds them), grade what they give, time what they cost, rank them."""
+    info["replays"]["fixes"] = vars(replays.run(model, network, progress))
+    timings["fixes_s"] = info["replays"]["fixes"]["seconds"]
+    results = evaluate_fixes(source, divergences, replays, memo_decode(lambda ids: decode_tokens(model, ids)), grader)
+    t0 = time.perf_counter()
+    costs = measure_costs(source, model, network, cost_repeats)
+    timings["costs_s"] = time.perf_counter() - t0
+    return fix_rows(results, divergences, costs)
+
+
+def _grader(source: RunSource, grader: str | Sequence[str] | None, timeout: float) -> GraderSpec | None:
+    """--grader when given (checked before anything runs), else the grader the run used, else None (checks)."""
+    if grader:
+        return grader_spec(grader, timeout)
+    if source.config.grader:
+        return GraderSpec(source.config.grader, source.config.grader_timeout)
+    return None
+
+
+def _network(source: RunSource, model: LoadedModel, replays: list[Replays]) -> LlamaForCausalLM:
+    """The run's kernels on the model, its weights prepared for every other policy a replay plans with."""
+    from flakecheck.kernels import get_ops
+
+    others = sorted({variant.policy.name for r in replays for variant, _ in r.wanted.values()} - {source.policy.name})
+    config = source.config
+    return build_model(model, get_ops(config.kernels, config.backend, config.profile, "cpu", also_plans=tuple(others)))
+
+
+def _attribution(source: RunSource, divergences: list[Divergence], mechanism_pairs: dict[str, list[Pair]],
+                 replays: Replays, steps_after: int, model: LoadedModel) -> list[dict[str, Any]]:
+    """attribution.parquet's rows: every mechanism of every case, its pair's tokens compared in the window."""
+    texts: dict[int, str] = {}
+
+    def token_text(token_id: int) -> str:
+        if token_id not in texts:
+            texts[token_id] = model.tokenizer.decode([token_id])
+        return texts[token_id]
+
+    rows = []
+    for d in divergences:
+        window = d.step + steps_after + 1
+        for pair in mechanism_pairs[d.case_id]:
+            if pair.a is None or pair.b is None:
+                rows.append(attribution_row(d, pair, window, None, None, token_text))
+                continue
+            outcome = compare(replays.tokens(pair.a, d.case_id, window), replays.tokens(pair.b, d.case_id, window))
+            labels = (pair.a.label(source.policy), pair.b.label(source.policy))
+            rows.append(attribution_row(d, pair, window, outcome, labels, token_text))
+    return rows
+
+
+def _summaries(divergences: list[Divergence], rows: list[dict[str, Any]], source: RunSource) -> dict[str, Any]:
+    by_case: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_case.setdefault(str(row["case_id"]), []).append(row)
+    return {d.case_id: {**case_summary(by_case[d.case_id]), "step": d.step,
+                        "composition": Variant(d.composition, d.repeat, source.policy).label(source.policy)}
+            for d in divergences}

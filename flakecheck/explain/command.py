@@ -1,0 +1,48 @@
+"""`flakecheck explain` and `flakecheck repro`: thin layers over explain_run and write_repro."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from flakecheck.config import parse_ids
+from flakecheck.grader import DEFAULT_TIMEOUT_S
+
+
+def explain_from_cli(run_dir: Path, ids: str | None, json_out: bool, steps_after: int, grader: str | None,
+                     grader_timeout: float = DEFAULT_TIMEOUT_S, suite: Path | None = None, fixes: bool = True,
+                     top: int = 20, quiet: bool = False) -> int:
+    from flakecheck.explain.api import explain_run
+    from flakecheck.reports.explanation import explanation
+    from flakecheck.reports.json_report import explain_dict
+    from flakecheck.reports.terminal import render_explanation
+
+    run = explain_run(run_dir, ids=parse_ids(ids), steps_after=steps_after, grader=grader,
+                      grader_timeout=grader_timeout, suite=suite, fixes=fixes, progress=not (quiet or json_out))
+    found = explanation(run)
+    assert found is not None
+    if json_out:
+        sys.stdout.write(json.dumps({"run_dir": str(run.path), **(explain_dict(found) or {})}, indent=2,
+                                    ensure_ascii=False, allow_nan=False) + "\n")
+        return 0
+    console = Console()
+    if not found.cases:
+        console.print(f"no diverged case to explain in {escape(str(run.path))}: every case gave the same tokens "
+                      "under every composition")
+        return 0
+    render_explanation(found, console, top)
+    console.print(f"written: {escape(str(run.path / 'attribution.parquet'))}"
+                  + (f", {escape(str(run.path / 'fixes.parquet'))}" if found.fixes else ""))
+    return 0
+
+
+def repro_from_cli(run_dir: Path, case_id: str, out: Path | None, suite: Path | None = None) -> int:
+    from flakecheck.explain.repro import README, SCRIPT, write_repro
+
+    path = write_repro(run_dir, case_id, out, suite)
+    print(f"repro of {case_id} written to {path}: run `python3 {path / SCRIPT}` (see {path / README})")
+    return 0
