@@ -118,7 +118,8 @@ def _top_table(risky: list[dict], facts: RunFacts) -> Table:
     for name, justify in (("case", "left"), ("status", "left"), ("risk", "right"), ("step", "right"),
                           ("where", "left"), ("ref -> alt", "left"), ("gap", "right"), ("flip", "left"),
                           ("min gap", "right"), ("pass", "right")):
-        table.add_column(name, justify=justify, overflow="fold")
+        # case ids get pasted into commands: the other columns fold first
+        table.add_column(name, justify=justify, overflow="fold", no_wrap=name == "case")
     for c in risky:
         pair = "—"
         if c["ref_token"] is not None or c["alt_token"] is not None:
@@ -157,7 +158,7 @@ def render_explanation(facts: Explanation, console: Console, top: int = 10) -> N
     table = Table(title_justify="left", show_edge=False)
     for name, justify in (("case", "left"), ("step", "right"), ("where", "left"), ("kernels", "left"),
                           ("scheduling", "left")):
-        table.add_column(name, justify=justify, overflow="fold")
+        table.add_column(name, justify=justify, overflow="fold", no_wrap=name == "case")
     for case in facts.cases[:max(top, 0)]:
         table.add_row(escape(case.case_id), fmt_step(case.step), escape(case.where or "—"),
                       _mechanism(case.reduction), _mechanism(case.scheduling))
