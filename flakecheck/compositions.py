@@ -1,4 +1,4 @@
-"""Compositions: the scheduling configurations a suite is replayed under (DESIGN §6).
+"""Compositions: the scheduling configurations a suite is replayed under.
 
 A composition sets how many sequences share a step (`max_batch`), the arrival order (`order_seed`; null keeps
 suite order), the prefill token budget per step (`chunk`), prefix-cache reuse, synthetic filler requests and
