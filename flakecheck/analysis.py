@@ -11,7 +11,9 @@ step at the threshold alone gives e^-1 = 0.37, and a gap of 10 tau adds only 5e-
 no generated tokens has risk 0.
 
 flip_kind classifies each diverged case's first divergence as a tie, a near-tie or a confident flip from
-the reference's gap there and the run's dtype (see flakecheck.flip_kind). Verdicts come in from outside
+the reference's gap there, the run's dtype and the gap noise the run measured (`gap_noise`: the largest
+|gap(other) - gap(reference)| at a step before the two diverged, where both ranked the same two tokens
+first; see flakecheck.flip_kind). Verdicts come in from outside
 (flakecheck.grading: the suite's checks or an external grader); analysis never grades.
 """
 
@@ -40,6 +42,7 @@ class Tables:
     runs: list[dict[str, Any]]
     tokens: list[dict[str, Any]]
     cases: list[dict[str, Any]]
+    gap_noise: float = 0.0
 
 
 def run_label(composition: str, repeat: int) -> str:
@@ -57,6 +60,18 @@ def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | No
 
 def step_gaps(trace: Trace) -> list[float]:
     return [a - b for a, b in zip(trace.top1_logprobs, trace.top2_logprobs)]
+
+
+def gap_noise(ref: Trace, other: Trace) -> float:
+    """The largest shift of the top-1/top-2 gap between two runs of one case at the steps before their first
+    divergence (same context, so the shift is numeric noise), counting only steps where both ranked the same
+    two tokens first; 0 when there are none."""
+    end = first_divergence(ref.token_ids, other.token_ids)
+    end = len(ref.token_ids) if end is None else end
+    shifts = [abs((other.top1_logprobs[i] - other.top2_logprobs[i]) - (ref.top1_logprobs[i] - ref.top2_logprobs[i]))
+              for i in range(end)
+              if other.top1_ids[i] == ref.top1_ids[i] and other.top2_ids[i] == ref.top2_ids[i]]
+    return max(shifts, default=0.0)
 
 
 def risk_score(gaps: Sequence[float], tau: float) -> float:
@@ -86,12 +101,14 @@ def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thre
     by_case: dict[str, list[Trace]] = {}
     for trace in traces:
         by_case.setdefault(trace.case_id, []).append(trace)
+    refs = {case.id: next(t for t in by_case[case.id] if t.composition == reference and t.repeat == 0)
+            for case in cases}
     tables = Tables([], [], [])
+    # measured over the whole run first: a flip is judged against the noise every case showed
+    tables.gap_noise = max((gap_noise(refs[case.id], t) for case in cases for t in by_case[case.id]), default=0.0)
     for case in cases:
-        case_traces = by_case[case.id]
-        ref = next(t for t in case_traces if t.composition == reference and t.repeat == 0)
-        tables.cases.append(_analyse_case(case, case_traces, ref, thresholds, decode, token_text, tables,
-                                          verdicts, dtype or "float32"))
+        tables.cases.append(_analyse_case(case, by_case[case.id], refs[case.id], thresholds, decode, token_text,
+                                          tables, verdicts, dtype or "float32"))
     return tables
 
 
@@ -159,6 +176,7 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
             "ref_token": token_text(ref.token_ids[step]) if step < len(ref.token_ids) else None,
             "alt_token": token_text(trace.token_ids[step]) if step < len(trace.token_ids) else None,
             "gap_at_divergence": gap,
-            "flip_kind": classify_flip(gap, reference_logit(ref, step), dtype, thresholds.gap_threshold),
+            "flip_kind": classify_flip(gap, reference_logit(ref, step), dtype, thresholds.gap_threshold,
+                                       tables.gap_noise),
         })
     return row

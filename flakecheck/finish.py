@@ -55,6 +55,7 @@ def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], re
         "n_cases": len(suite.cases),
         "reference": reference,
         "thresholds": {"gap_threshold": thresholds.gap_threshold, "gap_window": thresholds.gap_window},
+        "gap_noise": tables.gap_noise,
         "versions": versions(),
         "timings": timings,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -4,11 +4,16 @@ numeric noise of the dtype its logits were computed in.
 - `tie`: the gap is at most one ulp of the logits involved (plus a few fp32 ulps for the log-softmax
   arithmetic): the two candidates are equal or adjacent representable numbers, and any reordering of a
   reduction can swap them;
-- `near_tie`: above one ulp but under the near-tie gap threshold (`--gap-threshold`): accumulated rounding
-  noise of a few ulps flips it;
-- `confident`: at or above the threshold. Batch-order rounding noise rarely moves a logit that far, so these
+- `near_tie`: above one ulp but under the near-tie gap threshold (`--gap-threshold`) or within the noise the
+  run itself measured (`gap_noise`: the largest shift of a top-1/top-2 gap between the reference and another
+  composition at a step before they diverged, where both still read the same context): accumulated rounding
+  noise of a few ulps, of the size the run saw elsewhere, flips it;
+- `confident`: above both. No batch composition moved a gap that far anywhere else in the run, so these
   deserve a look: a bug (a kernel that is wrong, not just reordered), or a numeric difference larger than
   reduction order (another dtype, a quantised path, a different model or server build).
+
+In bf16 the measured noise matters: rounding differences in 30 layers of bf16 activations move a logit of
+~25 by several ulps (1/8 each), so a gap of two ulps is routinely flipped by reordering alone.
 
 Logprob gaps equal logit gaps: log-softmax subtracts one constant from every logit of a row. One ulp depends
 on the logit's magnitude (in bf16 it is 1/32 for logits in [4, 8), 1/8 in [16, 32)), so the classifier takes
@@ -57,9 +62,11 @@ def noise_floor(gap: float, logit: float, dtype: str) -> float:
     return ulp(magnitude, dtype) + FP32_SLACK_ULPS * ulp(max(magnitude, 1.0), "float32")
 
 
-def classify_flip(gap: float | None, logit: float | None, dtype: str, threshold: float) -> str | None:
+def classify_flip(gap: float | None, logit: float | None, dtype: str, threshold: float,
+                  gap_noise: float = 0.0) -> str | None:
     """'tie' | 'near_tie' | 'confident' for the reference's top-1/top-2 gap at a first divergence; None when
-    there is no gap (no divergence, or the reference had ended there)."""
+    there is no gap (no divergence, or the reference had ended there). `gap_noise`: the largest gap shift
+    the run measured before any divergence (0 when unknown)."""
     if gap is None or not math.isfinite(gap):
         return None
     gap = max(gap, 0.0)
@@ -69,4 +76,4 @@ def classify_flip(gap: float | None, logit: float | None, dtype: str, threshold:
         tie_below, above = (noise_floor(gap, m, dtype) for m in UNKNOWN_LOGIT_RANGE)
     if gap <= tie_below:
         return "tie"
-    return "near_tie" if gap < threshold or gap <= above else "confident"
+    return "near_tie" if gap < threshold or gap <= max(above, gap_noise) else "confident"

@@ -132,3 +132,26 @@ def test_flip_kind_uses_the_reference_logit_when_the_traces_carry_it() -> None:
         traces = [ref, _trace("a", "b", [1, 3], [1.0, 1.0])]
         kinds.append(_analyse(traces, [_case("a")], Thresholds(0.05, 50)).cases[0]["flip_kind"])
     assert kinds == ["near_tie", "tie", "confident"]
+
+
+def test_a_flip_within_the_gap_noise_the_run_measured_is_a_near_tie() -> None:
+    """Case `n` shows batch composition shifting a gap by 0.5 before it diverges (same context, same two
+    leading tokens): a flip at gap 0.25 elsewhere is noise of that size (near_tie), one at 1.0 is not."""
+    noisy = [_trace("n", "solo", [1, 2, 3], [2.0, 2.0, 2.0]), _trace("n", "b", [1, 2, 4], [2.5, 2.0, 9.0])]
+    kinds = {}
+    for gap in (0.25, 1.0):
+        flip = [_trace("f", "solo", [1, 2], [1.0, gap]), _trace("f", "b", [1, 3], [1.0, 1.0])]
+        tables = _analyse([*noisy, *flip], [_case("n"), _case("f")], Thresholds(0.05, 50))
+        assert math.isclose(tables.gap_noise, 0.5)
+        kinds[gap] = tables.cases[1]["flip_kind"]
+    assert kinds == {0.25: "near_tie", 1.0: "confident"}
+
+
+def test_gap_noise_ignores_the_divergence_onwards_and_other_leading_tokens() -> None:
+    """A shift at or after the first divergence (another context), or between different top-2 tokens, is not
+    rounding noise of one gap: it is not measured."""
+    ref = _trace("a", "solo", [1, 2, 3], [1.0, 1.0, 1.0])
+    after = _trace("a", "b", [1, 3, 3], [1.0, 5.0, 5.0])
+    other_runner_up = dataclasses.replace(_trace("a", "c", [1, 2, 3], [4.0, 1.0, 1.0]), top2_ids=[7, 102, 103])
+    tables = _analyse([ref, after, other_runner_up], [_case("a")], Thresholds(0.05, 50))
+    assert tables.gap_noise == 0.0

@@ -258,8 +258,13 @@ def flip_summary(facts: RunFacts) -> str | None:
     counts = facts.flip_counts
     if not sum(counts.values()):
         return None
-    return "first flips: " + " · ".join(f"{counts[k]} {k}" for k in FLIP_KINDS)
+    line = "first flips: " + " · ".join(f"{counts[k]} {k}" for k in FLIP_KINDS)
+    noise = facts.meta.get("gap_noise")
+    if noise:
+        line += f" (before diverging, batch composition moved a top-1/top-2 gap by up to {noise:.3f})"
+    return line
 
 
-CONFIDENT_NOTE = ("a gap at or above the near-tie threshold flipped: batch-order rounding rarely moves logits that "
-                  "far, so look for a bug or a larger numeric difference (dtype, quantisation, another build)")
+CONFIDENT_NOTE = ("a gap above the near-tie threshold and above every gap shift measured before a divergence flipped: "
+                  "batch-order rounding did not move logits that far anywhere else in this run, so look for a bug "
+                  "or a larger numeric difference (dtype, quantisation, another build)")
