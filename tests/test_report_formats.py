@@ -98,6 +98,11 @@ def test_render_summary_shows_the_riskiest_cases_and_the_next_command(splitk_rep
     non_stable = splitk_report_run.cases[splitk_report_run.cases.status != "stable"]
     for case_id in non_stable.sort_values("risk", ascending=False).case_id[:2]:
         assert str(case_id) in text
+    # how the traces were made, from the run's own meta.json
+    meta = splitk_report_run.meta
+    assert f"replay: {meta['replay']}" in text
+    if meta["replay"] == "simulated":
+        assert f"{meta['replay_stats']['forward_passes']:,} shared forward passes" in text
 
 
 def test_next_command_follows_policy_and_divergence(splitk_report_run, tight_invariant_run) -> None:

@@ -73,12 +73,31 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
     elif facts.n_diverged and facts.meta.get("source", "engine") == "engine":
         console.print(f"why they flipped, and the cheapest fix: [cyan]{escape(explain_command(run))}[/]",
                       soft_wrap=True)
+    timing = replay_line(facts.meta)
+    if timing:
+        console.print(escape(timing))
     console.print(f"run directory: [bold]{escape(str(facts.path))}[/]")
     html = facts.path / "report.html"
     if html.is_file():
         console.print(f"HTML report:   {escape(str(html))}")
     why, command = next_command(facts)
     console.print(f"next, {escape(why)}:\n  [bold cyan]{escape(command)}[/]", soft_wrap=True)
+
+
+def replay_line(meta: dict) -> str | None:
+    """How the traces were produced and how long it took: 'replay: simulated, 6,235 engine steps in 351
+    forward passes, 3 min 52 s'; None for a run directory that does not record it."""
+    seconds = (meta.get("timings") or {}).get("replay_s")
+    mode = meta.get("replay")
+    if seconds is None or mode is None:
+        return None
+    stats = meta.get("replay_stats") or {}
+    minutes, rest = divmod(round(seconds), 60)
+    took = f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
+    if mode == "simulated" and stats.get("steps") and stats.get("forward_passes"):
+        return (f"replay: simulated, {stats['steps']:,} engine steps of every composition in "
+                f"{stats['forward_passes']:,} shared forward passes, {took}")
+    return f"replay: {mode}, {took}"
 
 
 def score_lines(facts: RunFacts) -> list[str]:
