@@ -247,7 +247,7 @@ class RunDirectory:
     def write_explain(self, attribution: list[dict[str, Any]], fixes: list[dict[str, Any]] | None,
                       info: dict[str, Any]) -> None:
         """What `flakecheck explain` found. explain.json goes last and names the tables it belongs with, so a
-        crash part-way leaves the directory as it was before (the older explanation, or none) in every reader."""
+        crash part-way leaves a directory every reader sees as not explained (explain.json goes first)."""
         (self.path / self.EXPLAIN).unlink(missing_ok=True)
         write_table(self.path / self.ATTRIBUTION, to_table(attribution, ATTRIBUTION_SCHEMA))
         if fixes is not None:
@@ -265,8 +265,10 @@ class RunDirectory:
         return load_run(self.path)
 
 
-def load_run(path: str | Path) -> RunData:
-    """The three tables as DataFrames plus meta.json; a clear UserError if the directory is not a run."""
+def load_run(path: str | Path, explanation: bool = True) -> RunData:
+    """The three tables as DataFrames plus meta.json; a clear UserError if the directory is not a run.
+    `explanation=False` leaves out what `flakecheck explain` wrote (explain itself reopens a run whose
+    explain tables are damaged, to write them again)."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a directory (expected a run directory written by `flakecheck run`)")
@@ -281,7 +283,8 @@ def load_run(path: str | Path) -> RunData:
         tables = {name: read_table(path / f"{name}.parquet") for name in TABLES}
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise UserError(f"{path}: unreadable run directory ({exc})") from exc
-    return RunData(path, meta, tables["runs"], tables["tokens"], tables["cases"], **_explained(path))
+    explained = _explained(path) if explanation else {}
+    return RunData(path, meta, tables["runs"], tables["tokens"], tables["cases"], **explained)
 
 
 def _explained(path: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import flakecheck
 from flakecheck.analysis import first_divergence
 from flakecheck.compositions import Composition, Fillers
 from flakecheck.engine import LoadedModel, build_model, load_model
+from flakecheck.errors import UserError
 from flakecheck.explain.mechanisms import pairs
 from flakecheck.explain.repro import needed_cases, write_repro
 from flakecheck.explain.source import open_run, with_requests
@@ -147,6 +148,20 @@ def test_invariant_everywhere_attributes_nothing(wide, suite, tmp_path, monkeypa
     assert code == 0 and "no diverged case to explain" in out
     again = flakecheck.load_run(invariant.path)
     assert again.attribution is not None and again.attribution.empty and again.fixes is None
+
+
+def test_damaged_explain_tables_are_an_error_that_explain_itself_repairs(wide, suite, tmp_path, monkeypatch,
+                                                                         capsys) -> None:
+    """A run directory whose explain tables were damaged (a partial artifact copy) names the remedy, and the
+    remedy works: explain reopens the run without them and writes them again."""
+    invariant = run(wide, suite, tmp_path / "inv", "invariant")
+    assert cli_run(monkeypatch, capsys, "explain", str(invariant.path))[0] == 0
+    (invariant.path / "attribution.parquet").write_bytes(b"not parquet")
+    with pytest.raises(UserError, match="run `flakecheck explain"):
+        flakecheck.load_run(invariant.path)
+    code, out, _ = cli_run(monkeypatch, capsys, "explain", str(invariant.path))
+    assert code == 0 and "no diverged case to explain" in out
+    assert flakecheck.load_run(invariant.path).attribution is not None
 
 
 def test_an_early_stop_gives_the_first_tokens_of_the_full_replay(wide, splitk) -> None:

@@ -92,7 +92,7 @@ def _at(tokens: list[int], step: int) -> int | None:
 
 def open_run(run_dir: str | Path, suite: str | Path | None = None) -> RunSource:
     """Reopen a run directory written by `flakecheck run`; UserError (exit 2) when it cannot be explained."""
-    run = load_run(run_dir)
+    run = load_run(run_dir, explanation=False)
     meta = run.meta
     where = Path(run_dir) / "meta.json"
     if meta.get("source", "engine") != "engine" or not isinstance(meta.get("config"), dict):
