@@ -21,8 +21,13 @@ def explain_from_cli(run_dir: Path, ids: str | None, json_out: bool, steps_after
     from flakecheck.reports.json_report import explain_dict
     from flakecheck.reports.terminal import render_explanation
 
-    run = explain_run(run_dir, ids=parse_ids(ids), steps_after=steps_after, grader=grader,
-                      grader_timeout=grader_timeout, suite=suite, fixes=fixes, progress=not (quiet or json_out))
+    try:
+        run = explain_run(run_dir, ids=parse_ids(ids), steps_after=steps_after, grader=grader,
+                          grader_timeout=grader_timeout, suite=suite, fixes=fixes, progress=not (quiet or json_out))
+    except KeyboardInterrupt:
+        # explain writes its tables only at the end: an interruption leaves the run directory as it was
+        print(f"interrupted: {run_dir} is unchanged (explain writes nothing until it has finished)", file=sys.stderr)
+        raise
     found = explanation(run)
     assert found is not None
     if json_out:
