@@ -68,8 +68,8 @@ def gap_noise(ref: Trace, other: Trace) -> float:
     two tokens first; 0 when there are none."""
     end = first_divergence(ref.token_ids, other.token_ids)
     end = len(ref.token_ids) if end is None else end
-    shifts = [abs((other.top1_logprobs[i] - other.top2_logprobs[i]) - (ref.top1_logprobs[i] - ref.top2_logprobs[i]))
-              for i in range(end)
+    ref_gaps, other_gaps = step_gaps(ref), step_gaps(other)
+    shifts = [abs(other_gaps[i] - ref_gaps[i]) for i in range(end)
               if other.top1_ids[i] == ref.top1_ids[i] and other.top2_ids[i] == ref.top2_ids[i]]
     return max(shifts, default=0.0)
 

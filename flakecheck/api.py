@@ -21,7 +21,7 @@ import contextlib
 import platform
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -86,7 +86,7 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
     traces, timings["replay_s"], replayed = _replay(prepared, resume, progress)
     with _interruptible(prepared):
         loaded = prepared.model
-        texts = TokenTexts(memo_decode(lambda ids: decode_tokens(loaded, ids)), _token_texts(loaded))
+        texts = TokenTexts(memo_decode(lambda ids: decode_tokens(loaded, ids)), token_texts(loaded))
         t0 = time.perf_counter()
         grader = GraderSpec(config.grader, config.grader_timeout) if config.grader else None
         verdicts = grade_run(traces, prepared.suite.cases, texts.decode, grader, prepared.directory.partial_dir,
@@ -183,7 +183,8 @@ def _interruptible(prepared: PreparedRun) -> Iterator[None]:
         ) from None
 
 
-def _token_texts(model: LoadedModel):
+def token_texts(model: LoadedModel) -> Callable[[int], str]:
+    """One token id -> its text, decoded once per id."""
     texts: dict[int, str] = {}
 
     def token_text(token_id: int) -> str:

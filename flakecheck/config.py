@@ -25,6 +25,28 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 REPLAY_MODES = ("auto", "simulated", "physical")
 
 
+def normalise_common(settings: Any) -> None:
+    """The fields a run and a probe share, in canonical form (their dataclasses are frozen)."""
+    object.__setattr__(settings, "suite", Path(settings.suite))
+    if settings.out is not None:
+        object.__setattr__(settings, "out", Path(settings.out))
+    object.__setattr__(settings, "ids", tuple(str(i).strip() for i in settings.ids if str(i).strip()))
+
+
+def check_common(settings: Any, int_minimums: Sequence[tuple[str, int]]) -> None:
+    """UserError (exit 2) naming the flag of the first shared field out of range: integers >= their minimum,
+    --limit (None or >= 1), --gap-threshold > 0."""
+    for name, low in int_minimums:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UserError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+    limit = settings.limit
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UserError(f"--limit must be an integer >= 1, got {limit!r}")
+    if not (isinstance(settings.gap_threshold, (int, float)) and settings.gap_threshold > 0):
+        raise UserError(f"--gap-threshold must be > 0, got {settings.gap_threshold!r}")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     suite: Path
@@ -48,22 +70,11 @@ class RunConfig:
     grader_timeout: float = GRADER_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "suite", Path(self.suite))
-        if self.out is not None:
-            object.__setattr__(self, "out", Path(self.out))
+        normalise_common(self)
         object.__setattr__(self, "compositions", tuple(order_compositions(list(self.compositions))))
-        object.__setattr__(self, "ids", tuple(str(i).strip() for i in self.ids if str(i).strip()))
         object.__setattr__(self, "grader", grader_argv(self.grader) if self.grader else ())
         object.__setattr__(self, "grader_timeout", check_timeout(self.grader_timeout))
-        for name, low in (("max_tokens", 1), ("gap_window", 1), ("repeat", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UserError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
-                                       or self.limit < 1):
-            raise UserError(f"--limit must be an integer >= 1, got {self.limit!r}")
-        if not (isinstance(self.gap_threshold, (int, float)) and self.gap_threshold > 0):
-            raise UserError(f"--gap-threshold must be > 0, got {self.gap_threshold!r}")
+        check_common(self, (("max_tokens", 1), ("gap_window", 1), ("repeat", 1)))
         if self.dtype not in DTYPE_NAMES:
             raise UserError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
         if self.input_format not in INPUT_FORMATS:

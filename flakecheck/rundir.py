@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +285,11 @@ def load_run(path: str | Path, explanation: bool = True) -> RunData:
         raise UserError(f"{path}: unreadable run directory ({exc})") from exc
     explained = _explained(path) if explanation else {}
     return RunData(path, meta, tables["runs"], tables["tokens"], tables["cases"], **explained)
+
+
+def with_explanation(run: RunData) -> RunData:
+    """`run` with what `flakecheck explain` wrote into its directory (the tables it already has are kept)."""
+    return replace(run, **_explained(run.path))
 
 
 def _explained(path: Path) -> dict[str, Any]:

@@ -79,17 +79,17 @@ class RunTraces:
 
 def simulate(model: LoadedModel, network: LlamaForCausalLM, cases: Sequence[CaseRequest],
              work: Sequence[tuple[Composition, int] | Job], on_case_done: Callable[[Trace], None],
-             on_run_done: Callable[[RunTraces], None], max_slots: int = MAX_SLOTS, max_rows: int = MAX_ROWS,
-             until: Callable[[], bool] = lambda: False) -> Lockstep:
-    """Replay every job of `work` in lockstep; `on_run_done` gets each as it completes (`until()`, checked
-    between ticks, may stop early). Returns the lockstep (its stats)."""
+             on_run_done: Callable[[RunTraces], None], max_slots: int = MAX_SLOTS,
+             max_rows: int = MAX_ROWS) -> Lockstep:
+    """Replay every job of `work` in lockstep; `on_run_done` gets each as it completes. Returns the lockstep
+    (its stats)."""
     simulation = Simulation(model, network, cases, work, on_case_done, on_run_done, max_slots, max_rows)
-    simulation.lockstep.run(until)
+    simulation.lockstep.run()
     return simulation.lockstep
 
 
 class Simulation:
-    """Every job of `work`, built into one lockstep (not yet run): `lockstep.run(until)` replays them, and
+    """Every job of `work`, built into one lockstep (not yet run): `lockstep.run()` replays them, and
     `so_far` reads what a job's case has generated, finished or not — after an early stop too.
 
     `windows` (case id -> tokens) asks for only the first tokens of those cases: a core stops as soon as
@@ -115,10 +115,6 @@ class Simulation:
         self._builder = _Builder(self.lockstep, model, cases, on_case_done, on_run_done, windows)
         for job, requests in plans:
             self._builder.add(job, requests)
-
-    def finished(self, job: Job, case_id: str) -> bool:
-        run = self._builder.runs.get((job.name, job.repeat))
-        return run is not None and case_id in run.traces
 
     def so_far(self, job: Job, case_id: str) -> Trace | None:
         """The case's trace under `job`: complete once it finished, else what it generated so far (None if

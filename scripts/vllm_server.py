@@ -92,7 +92,7 @@ def server_env() -> dict[str, str]:
     env.setdefault("DO_NOT_TRACK", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")  # no model hub here; the model is a local directory
     # vLLM's engine processes talk over ZMQ on the host's address unless told otherwise: keep it on loopback.
-    env.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    env["VLLM_HOST_IP"] = "127.0.0.1"
     return env
 
 
@@ -112,9 +112,8 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: floa
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the whole process group, SIGKILL after a grace period."""
-    if proc.poll() is not None:
-        return
+    """SIGTERM to the whole process group, SIGKILL after a grace period. Also when the API server itself has
+    exited: its engine-core child can outlive it in the group."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:

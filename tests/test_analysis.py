@@ -136,15 +136,19 @@ def test_flip_kind_uses_the_reference_logit_when_the_traces_carry_it() -> None:
 
 def test_a_flip_within_the_gap_noise_the_run_measured_is_a_near_tie() -> None:
     """Case `n` shows batch composition shifting a gap by 0.5 before it diverges (same context, same two
-    leading tokens): a flip at gap 0.25 elsewhere is noise of that size (near_tie), one at 1.0 is not."""
+    leading tokens): a flip at gap 0.25 elsewhere is noise of that size (near_tie), one at 1.0 is not; without
+    that noise the 0.25 flip is confident (fp32 logits: one ulp is negligible, so only the noise decides)."""
     noisy = [_trace("n", "solo", [1, 2, 3], [2.0, 2.0, 2.0]), _trace("n", "b", [1, 2, 4], [2.5, 2.0, 9.0])]
+    quiet = [_trace("n", "solo", [1, 2, 3], [2.0, 2.0, 2.0]), _trace("n", "b", [1, 2, 4], [2.0, 2.0, 9.0])]
     kinds = {}
-    for gap in (0.25, 1.0):
-        flip = [_trace("f", "solo", [1, 2], [1.0, gap]), _trace("f", "b", [1, 3], [1.0, 1.0])]
-        tables = _analyse([*noisy, *flip], [_case("n"), _case("f")], Thresholds(0.05, 50))
-        assert math.isclose(tables.gap_noise, 0.5)
-        kinds[gap] = tables.cases[1]["flip_kind"]
-    assert kinds == {0.25: "near_tie", 1.0: "confident"}
+    for label, case_n in (("noisy", noisy), ("quiet", quiet)):
+        for gap in (0.25, 1.0):
+            flip = [_trace("f", "solo", [1, 2], [1.0, gap]), _trace("f", "b", [1, 3], [1.0, 1.0])]
+            tables = _analyse([*case_n, *flip], [_case("n"), _case("f")], Thresholds(0.05, 50), dtype="float32")
+            assert math.isclose(tables.gap_noise, 0.5 if label == "noisy" else 0.0)
+            kinds[label, gap] = tables.cases[1]["flip_kind"]
+    assert kinds == {("noisy", 0.25): "near_tie", ("noisy", 1.0): "confident",
+                     ("quiet", 0.25): "confident", ("quiet", 1.0): "confident"}
 
 
 def test_gap_noise_ignores_the_divergence_onwards_and_other_leading_tokens() -> None:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flakecheck import cli
 from flakecheck.compare import auroc, compare_runs
 from flakecheck.rundir import RunDirectory, load_run
+from tests.test_run import run_cli
 
 
 def make_run(path: Path, cases: dict[str, tuple[str, float, int | None]], source: str = "engine") -> Path:
@@ -67,18 +66,6 @@ def test_first_divergence_agreement_median(tmp_path: Path) -> None:
     # |differences| = 0, 3, 6, 0: two exact, median 1.5; every case diverged in B: AUROC undefined
     assert (result.first_divergence.n_both, result.first_divergence.exact) == (4, 2)
     assert result.first_divergence.median_abs_diff == 1.5 and result.auroc.value is None
-
-
-def run_cli(argv: list[str], capfd) -> tuple[int, str]:
-    old = sys.argv
-    sys.argv = ["flakecheck", *argv]
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            cli.main()
-    finally:
-        sys.argv = old
-    captured = capfd.readouterr()
-    return int(exit_info.value.code or 0), captured.out + captured.err
 
 
 def test_compare_cli_json_and_terminal(tmp_path: Path, capfd) -> None:

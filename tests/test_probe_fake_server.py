@@ -5,18 +5,17 @@ the API key, resume."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from flakecheck import cli
 from flakecheck.analysis import first_divergence
 from flakecheck.errors import UserError
 from flakecheck.probe import ProbeConfig, ProbeFailed, probe_suite
 from flakecheck.rundir import load_run
 from tests.probe_fakes import Behaviour, FaultProxy, Record, ThreadedServer, free_port, make_app
+from tests.test_run import run_cli
 
 QUESTIONS = [f"Question {i}: say something about {w}." for i, w in enumerate(
     "rivers stones light paper cities music tables winter forests numbers letters stories bridges markets".split())]
@@ -210,18 +209,6 @@ def test_an_answer_that_cannot_be_read_stops_the_level_with_its_case_named(fake,
     behaviour.shape = "mixed"
     with pytest.raises(ProbeFailed, match=r"case 'q\d+': unusable answer: the server reported token ids for some"):
         probe(write_suite(tmp_path / "s.jsonl"), url, tmp_path / "run", concurrency=(1,))
-
-
-def run_cli(argv: list[str], capfd) -> tuple[int, str]:
-    old = sys.argv
-    sys.argv = ["flakecheck", *argv]
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            cli.main()
-    finally:
-        sys.argv = old
-    captured = capfd.readouterr()
-    return int(exit_info.value.code or 0), captured.out + captured.err
 
 
 @pytest.mark.parametrize("setup, needle", [

@@ -149,6 +149,19 @@ def cli_run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return exit_info.value.code, captured.out, captured.err
 
 
+def run_cli(argv: list[str], capfd) -> tuple[int, str]:
+    """The CLI's exit code and everything it wrote to the file descriptors (subprocesses included)."""
+    old = sys.argv
+    sys.argv = ["flakecheck", *argv]
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+    finally:
+        sys.argv = old
+    captured = capfd.readouterr()
+    return int(exit_info.value.code or 0), captured.out + captured.err
+
+
 BAD_SUITES = {
     "malformed json": ('{"id": "a", "input": "x"}\n{"id": "b", "input": \n', 2, None),
     "missing input": ('{"id": "a", "input": "x"}\n{"id": "b", "target": "y"}\n', 2, "input"),

@@ -100,16 +100,21 @@ class RunningGauge:
         self.url = base_url.removesuffix("/v1") + "/metrics"
         self.peak = 0.0
         self.samples = 0
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            with urllib.request.urlopen(self.url, timeout=10) as resp:
-                match = self.PATTERN.search(resp.read().decode())
-            assert match is not None, "vLLM's /metrics has no vllm:num_requests_running gauge"
-            self.peak = max(self.peak, float(match.group(1)))
-            self.samples += 1
+        try:
+            while not self._stop.wait(0.2):
+                with urllib.request.urlopen(self.url, timeout=10) as resp:
+                    match = self.PATTERN.search(resp.read().decode())
+                if match is None:
+                    raise AssertionError("vLLM's /metrics has no vllm:num_requests_running gauge")
+                self.peak = max(self.peak, float(match.group(1)))
+                self.samples += 1
+        except BaseException as exc:  # a thread's exception would only warn: the test re-raises it
+            self.error = exc
 
     def __enter__(self) -> RunningGauge:
         self._thread.start()
@@ -118,6 +123,8 @@ class RunningGauge:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def flakecheck_cli(*args: str) -> subprocess.CompletedProcess[str]:

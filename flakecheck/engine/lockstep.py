@@ -66,9 +66,9 @@ class Lockstep:
             raise ValueError(f"a core needs {member.slots} KV slots; the pool has {self.cache.shape[0]}")
         self.pending.append(member)
 
-    def run(self, until: Callable[[], bool] = lambda: False) -> None:
-        """Tick until every member has finished, or `until()` holds (checked between ticks)."""
-        while (self.pending or self.active) and not until():
+    def run(self) -> None:
+        """Tick until every member has finished."""
+        while self.pending or self.active:
             self._admit()
             proposals: list[tuple[Member, Scheduled]] = []
             for member in list(self.active):

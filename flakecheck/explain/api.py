@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from flakecheck.api import token_texts
 from flakecheck.engine import LoadedModel, build_model, decode_tokens, load_model
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.errors import UserError
@@ -30,7 +31,7 @@ from flakecheck.explain.summary import case_summary
 from flakecheck.explain.targeted import Replays, Variant
 from flakecheck.grader import DEFAULT_TIMEOUT_S, GraderSpec, grader_spec
 from flakecheck.grading import memo_decode
-from flakecheck.rundir import RunData, RunDirectory, load_run
+from flakecheck.rundir import RunData, RunDirectory, with_explanation
 
 DEFAULT_STEPS_AFTER = 4
 
@@ -86,7 +87,7 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
     info["timings"] = timings
     directory = RunDirectory(run_dir)
     directory.write_explain(attribution, fix_table, info)
-    run = load_run(run_dir)
+    run = with_explanation(source.run)
     if directory.html_path.is_file():
         from flakecheck.reports.html import write_html
 
@@ -128,13 +129,7 @@ def _network(source: RunSource, model: LoadedModel, replays: list[Replays]) -> L
 def _attribution(source: RunSource, divergences: list[Divergence], mechanism_pairs: dict[str, list[Pair]],
                  replays: Replays, steps_after: int, model: LoadedModel) -> list[dict[str, Any]]:
     """attribution.parquet's rows: every mechanism of every case, its pair's tokens compared in the window."""
-    texts: dict[int, str] = {}
-
-    def token_text(token_id: int) -> str:
-        if token_id not in texts:
-            texts[token_id] = model.tokenizer.decode([token_id])
-        return texts[token_id]
-
+    token_text = token_texts(model)
     rows = []
     for d in divergences:
         window = d.step + steps_after + 1

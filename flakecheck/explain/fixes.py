@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from flakecheck.analysis import run_label
 from flakecheck.explain.source import Divergence, RunSource
 from flakecheck.explain.targeted import Replays, Variant, computation_key
 from flakecheck.grader import GraderSpec
@@ -84,7 +85,7 @@ def evaluate_fixes(source: RunSource, flaky: Sequence[Divergence], replays: Repl
         outputs: dict[str, list[tuple[str, int, list[int], str]]] = {d.case_id: [] for d in flaky}
         for composition, repeat in source.work:
             variant = fix.apply(composition, repeat, source.policy)
-            label = composition.name + (f" #{repeat}" if repeat else "")
+            label = run_label(composition.name, repeat)
             if computation_key(variant) != computation_key(Variant(composition, repeat, source.policy)):
                 changes.append(label)
                 if not replays.is_recorded(variant):

@@ -30,6 +30,7 @@ from flakecheck.compositions import Composition
 from flakecheck.errors import UserError
 from flakecheck.explain.source import Divergence, RunSource, open_run
 from flakecheck.rundir import write_json
+from flakecheck.suite import Case
 
 SUITE, COMPOSITIONS, SCRIPT, EXPECTED, README = (
     "suite.jsonl", "compositions.jsonl", "repro.py", "expected.json", "README.txt")
@@ -116,7 +117,9 @@ def write_repro(run_dir: str | Path, case_id: str, out: str | Path | None = None
 def _fill(path: Path, source: RunSource, d: Divergence) -> None:
     reference = source.reference
     case_ids = needed_cases(d.composition, d.case_id, [c.id for c in source.suite.cases])
-    (path / SUITE).write_text("".join(_suite_line(source, i) + "\n" for i in case_ids), encoding="utf-8")
+    lines = source.suite.path.read_text(encoding="utf-8-sig").split("\n")
+    by_id = {c.id: c for c in source.suite.cases}
+    (path / SUITE).write_text("".join(_suite_line(lines, by_id[i]) + "\n" for i in case_ids), encoding="utf-8")
     (path / COMPOSITIONS).write_text("".join(json.dumps(c.to_dict()) + "\n" for c in (reference, d.composition)))
     config = source.config.with_changes(
         suite=Path(SUITE), compositions=(reference, d.composition), repeat=d.repeat + 1, ids=(), limit=None,
@@ -146,11 +149,10 @@ def needed_cases(composition: Composition, case_id: str, all_ids: list[str]) -> 
     return list(all_ids)
 
 
-def _suite_line(source: RunSource, case_id: str) -> str:
+def _suite_line(lines: list[str], case: Case) -> str:
     """The case's line as the suite file has it; a line without an id gets the id the run gave it (its position
     in the suite numbered it, and that position changes here)."""
-    case = next(c for c in source.suite.cases if c.id == case_id)
-    raw = source.suite.path.read_text(encoding="utf-8-sig").split("\n")[case.line - 1].strip()
+    raw = lines[case.line - 1].strip()
     obj = json.loads(raw)
     if obj.get("id") is None:
         return json.dumps({"id": case.id, **obj}, ensure_ascii=False)

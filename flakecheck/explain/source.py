@@ -10,7 +10,6 @@ grades. The file must be the one the run read (its sha256 is in meta.json).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,12 +135,11 @@ def with_requests(source: RunSource, model: LoadedModel) -> RunSource:
 
 def _suite(path: Path, meta: dict[str, Any], where: Path) -> Suite:
     recorded = meta.get("suite_sha256")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"{path}: the run's suite cannot be read ({exc.strerror or exc}); explain needs the file "
-                        f"the run read (give its copy with --suite FILE)") from None
-    if recorded and hashlib.sha256(data).hexdigest() != recorded:
+    if not path.is_file():
+        raise UserError(f"{path}: the run's suite cannot be read (no such file); explain needs the file "
+                        f"the run read (give its copy with --suite FILE)")
+    suite = load_suite(path)
+    if recorded and suite.sha256 != recorded:
         raise UserError(f"{path}: not the suite the run read (sha256 differs from {where}'s suite_sha256); "
                         "give the run's copy with --suite FILE")
-    return load_suite(path)
+    return suite

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from flakecheck.analysis import run_label
 from flakecheck.compositions import Composition
 from flakecheck.engine import LoadedModel
 from flakecheck.engine.models import LlamaForCausalLM
@@ -38,7 +39,7 @@ class Variant:
 
     def label(self, run_policy: KernelPolicy) -> str:
         """'batch8', 'batch8 #1', 'solo [matmul=splitk,attention=invariant,norm=invariant]'."""
-        name = self.composition.name + (f" #{self.repeat}" if self.repeat else "")
+        name = run_label(self.composition.name, self.repeat)
         return name if self.policy == run_policy else f"{name} [{self.policy.name}]"
 
 
@@ -81,10 +82,8 @@ class Replays:
             self.reused.add(key)
             return
         _, cases = self.wanted.setdefault(key, (variant, {}))
-        if case_id in cases and (cases[case_id] is None or window is None):
-            cases[case_id] = None
-        else:
-            cases[case_id] = max(window, cases.get(case_id) or 0) if window is not None else None
+        old = cases.get(case_id, 0)  # None: the whole output is already wanted
+        cases[case_id] = None if window is None or old is None else max(window, old)
 
     def run(self, model: LoadedModel, network: LlamaForCausalLM, progress: bool = False) -> ReplayStats:
         """Every needed variant that the run did not record, in one lockstep."""

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flakecheck.config import parse_ids
 from flakecheck.probe.config import ProbeConfig
 from flakecheck.probe.levels import parse_concurrency
 from flakecheck.probe.probe import ProbeInterrupted, probe_suite
@@ -18,8 +19,7 @@ def probe_from_cli(*, suite: Path, concurrency: str, ids: str | None, quiet: boo
 
     from flakecheck.reports.terminal import render_summary, summary_line
 
-    id_list = tuple(i.strip() for i in ids.split(",") if i.strip()) if ids else ()
-    config = ProbeConfig(suite, concurrency=tuple(parse_concurrency(concurrency)), ids=id_list, **options)
+    config = ProbeConfig(suite, concurrency=tuple(parse_concurrency(concurrency)), ids=parse_ids(ids), **options)
     try:
         run = probe_suite(config, resume=resume, progress=not quiet)
     except ProbeInterrupted as exc:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from flakecheck.config import check_common, normalise_common
 from flakecheck.errors import UserError
 from flakecheck.probe.bodies import APIS, ISOLATIONS
 from flakecheck.probe.endpoint import Endpoint
@@ -40,21 +41,10 @@ class ProbeConfig:
     html: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "suite", Path(self.suite))
-        if self.out is not None:
-            object.__setattr__(self, "out", Path(self.out))
+        normalise_common(self)
         object.__setattr__(self, "concurrency", tuple(sorted(set(self.concurrency))))
-        object.__setattr__(self, "ids", tuple(str(i).strip() for i in self.ids if str(i).strip()))
         Endpoint.parse(self.endpoint)
-        for name, low in (("max_tokens", 1), ("gap_window", 1), ("repeat", 1), ("fillers", 0), ("retries", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UserError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
-                                       or self.limit < 1):
-            raise UserError(f"--limit must be an integer >= 1, got {self.limit!r}")
-        if not (isinstance(self.gap_threshold, (int, float)) and self.gap_threshold > 0):
-            raise UserError(f"--gap-threshold must be > 0, got {self.gap_threshold!r}")
+        check_common(self, (("max_tokens", 1), ("gap_window", 1), ("repeat", 1), ("fillers", 0), ("retries", 0)))
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise UserError(f"--timeout must be > 0 seconds, got {self.timeout!r}")
         if self.api is not None and self.api not in APIS:

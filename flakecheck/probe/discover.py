@@ -9,7 +9,6 @@ a UserError (exit 2) that says what the server did, before the run directory exi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from flakecheck.errors import UserError
 from flakecheck.probe.bodies import BodyOptions, CasePrompt, completion_body
@@ -129,6 +128,4 @@ def check_prompts(cases: list[CasePrompt]) -> list[CasePrompt]:
     return list(firsts.values())
 
 
-def describe(info: ServerInfo) -> dict[str, Any]:
-    return {"model": info.model, "version": info.version, "token_ids": info.token_ids,
-            "return_tokens_as_token_ids": info.options.token_ids}
+
