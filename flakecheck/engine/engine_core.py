@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flakecheck.engine.kv_cache import KVCache
-from flakecheck.engine.prefix_cache import PrefixCache
+from flakecheck.engine.prefix_cache import CachedBlock, PrefixCache
 from flakecheck.engine.scheduler import Scheduler
 from flakecheck.engine.sequence import Completion, SamplingParams, SeqStatus, Sequence
 
@@ -83,8 +83,10 @@ class EngineCore:
         if self.prefix_cache is not None:
             blocks = self.prefix_cache.lookup(seq.prompt_ids, seq.cache_salt)
             for i, block in enumerate(blocks):
-                self.cache.load(seq.slot, i * self.prefix_cache.block_size, block)
+                self.cache.load(seq.slot, i * self.prefix_cache.block_size, block.kv)
             seq.num_computed = seq.cached_prompt_tokens = len(blocks) * self.prefix_cache.block_size
+            if blocks:
+                seq.lineage = [None] * (seq.num_computed - 1) + [blocks[-1].lineage]
             self.stats.prefix_hit_tokens += seq.cached_prompt_tokens
 
     def propose(self) -> Scheduled:
@@ -162,4 +164,6 @@ class EngineCore:
         assert self.prefix_cache is not None and seq.slot is not None
         size = self.prefix_cache.block_size
         for index, key in self.prefix_cache.missing(seq.prompt_ids, seq.cache_salt):
-            self.prefix_cache.insert(key, self.cache.read(seq.slot, index * size, (index + 1) * size))
+            end = (index + 1) * size
+            lineage = seq.lineage[end - 1] if len(seq.lineage) >= end else None
+            self.prefix_cache.insert(key, CachedBlock(self.cache.read(seq.slot, end - size, end), lineage))

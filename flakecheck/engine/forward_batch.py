@@ -19,3 +19,6 @@ class ForwardBatch:
     attention: Any  # the backend's attention metadata for this pass (Ops.attention_meta)
     layout: BatchLayout | None  # row groups per op (None: every op plans its input as one step)
     sample_rows: torch.Tensor | None  # packed rows that sample (the last of each finished prompt); None: all
+    # (packed rows, cache rows): keys and values a row also writes for another sequence that needs the same
+    # computation (simulated replay computes it once); None: none
+    fanout: tuple[torch.Tensor, torch.Tensor] | None = None

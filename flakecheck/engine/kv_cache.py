@@ -43,6 +43,12 @@ class KVCache:
         self.k[layer].view(-1, *self.shape[2:]).index_copy_(0, rows, k)
         self.v[layer].view(-1, *self.shape[2:]).index_copy_(0, rows, v)
 
+    def copy_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every layer's keys and values at flat rows `src` copied to flat rows `dst` (see `rows`)."""
+        for cache in (*self.k, *self.v):
+            flat = cache.view(-1, *self.shape[2:])
+            flat.index_copy_(0, dst, flat.index_select(0, src))
+
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """[layers, 2, end-start, kv_heads, head_dim] copy of one slot's keys and values."""
         return torch.stack([torch.stack((k[slot, start:end], v[slot, start:end])) for k, v in zip(self.k, self.v)])

@@ -5,7 +5,9 @@ limits, clock, sequences and prefix cache; a tick asks every admitted core for i
 each step from that step's own shape, packs the steps (within a row budget, so memory stays
 bounded) into forward passes, and hands each core its sampled tokens. With row-invariant kernels
 (the `splitk` and `invariant` policies), a row's bits depend only on its own data and its own
-step's plan, so every core computes exactly what it would alone.
+step's plan, so every core computes exactly what it would alone — and rows that are the same
+computation in several cores (the same prompt prefilled under the same plan, say) are computed once
+(flakecheck/engine/shared_rows.py).
 
 The KV cache is one pool of slots; a core is admitted when the pool can hold its widest step
 (`max_num_seqs` slots) and its `ready()` says so (a serial composition with a prefix cache makes
@@ -17,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flakecheck.engine.engine_core import EngineCore, Scheduled
+from flakecheck.engine.engine_core import EngineCore, Sampled, Scheduled
 from flakecheck.engine.kv_cache import KVCache
-from flakecheck.engine.model_runner import ModelRunner, PlannedStep
+from flakecheck.engine.model_runner import ModelRunner, sample
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.sequence import Completion
+from flakecheck.engine.shared_rows import RowSharing, SharedPass
 from flakecheck.kernels.policy import KernelPolicy
 
 
@@ -46,7 +49,8 @@ class Member:
 class LockstepStats:
     ticks: int = 0
     forward_passes: int = 0
-    rows: int = 0
+    rows: int = 0  # rows computed
+    shared_rows: int = 0  # rows of the steps that another sequence's identical row computed
     steps: int = 0
     peak_rows: int = 0
     peak_slots: int = 0
@@ -56,6 +60,7 @@ class Lockstep:
     def __init__(self, network: LlamaForCausalLM, cache: KVCache, max_rows: int = 2048) -> None:
         self.network, self.cache, self.max_rows = network, cache, max_rows
         self.runner = ModelRunner(network, cache)
+        self.sharing = RowSharing(cache)
         self.pending: list[Member] = []
         self.active: list[Member] = []
         self.free_slots = cache.shape[0]
@@ -103,30 +108,34 @@ class Lockstep:
         self.stats.peak_slots = max(self.stats.peak_slots, self.cache.shape[0] - self.free_slots)
 
     def _tick(self, proposals: list[tuple[Member, Scheduled]]) -> None:
+        """Every proposed step, packed in order into forward passes of at most max_rows computed rows (a
+        larger step runs alone); rows another sequence computes are not computed again."""
         self.stats.ticks += 1
-        planned = [(member, self.runner.plan(scheduled, member.policy)) for member, scheduled in proposals]
-        for batch in _within(planned, self.max_rows):
-            steps = [step for _, step in batch]
-            rows = sum(n for step in steps for _, n in step.scheduled)
-            self.stats.forward_passes += 1
-            self.stats.rows += rows
-            self.stats.steps += len(steps)
-            self.stats.peak_rows = max(self.stats.peak_rows, rows)
-            for (member, step), sampled in zip(batch, self.runner.run(steps)):
-                for completion in member.core.commit(step.scheduled, sampled):
-                    member.on_finish(completion)
+        current = self.sharing.new_pass()
+        members: list[Member] = []
+        for member, scheduled in proposals:
+            step = self.runner.plan(scheduled, member.policy)
+            rows, seqs = self.sharing.plan(current, step)
+            if current.steps and current.builder.num_rows + rows > self.max_rows:
+                self._run(current, members)
+                current, members = self.sharing.new_pass(), []
+                rows, seqs = self.sharing.plan(current, step)
+            self.sharing.add(current, step, seqs)
+            members.append(member)
+        self._run(current, members)
 
-
-def _within(planned: list[tuple[Member, PlannedStep]], max_rows: int) -> list[list[tuple[Member, PlannedStep]]]:
-    """Steps packed in order into forward passes of at most max_rows rows (a larger step runs alone)."""
-    batches: list[list[tuple[Member, PlannedStep]]] = []
-    rows = 0
-    for item in planned:
-        n = sum(k for _, k in item[1].scheduled)
-        if batches and rows + n <= max_rows:
-            batches[-1].append(item)
-            rows += n
-        else:
-            batches.append([item])
-            rows = n
-    return batches
+    def _run(self, current: SharedPass, members: list[Member]) -> None:
+        rows = current.builder.num_rows
+        self.stats.forward_passes += rows > 0
+        self.stats.rows += rows
+        self.stats.shared_rows += current.shared
+        self.stats.steps += len(current.steps)
+        self.stats.peak_rows = max(self.stats.peak_rows, rows)
+        self.sharing.copy(current)
+        sampled: list[Sampled] = []
+        if rows:
+            model = self.network
+            sampled = sample(*self.runner.forward_batch(current.builder.build(model.ops, model.group)))
+        for member, (step, _), results in zip(members, current.steps, self.sharing.results(current, sampled)):
+            for completion in member.core.commit(step.scheduled, results):
+                member.on_finish(completion)

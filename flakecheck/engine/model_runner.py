@@ -33,43 +33,96 @@ def step_shape(scheduled: Scheduled) -> StepShape:
     return StepShape(query_lens, context_lens, samples)
 
 
+class BatchBuilder:
+    """Packs one forward pass, step after step, no padding: each step's computed rows end to end (prefill
+    chunks and decode tokens together), where they sample, and the plan they follow."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+        self.token_ids: list[int] = []
+        self.positions: list[int] = []
+        self.cache_rows: list[int] = []
+        self.query_starts = [0]
+        self.slots: list[int] = []
+        self.context_lens: list[int] = []
+        self.kv_splits: list[int] = []
+        self.sample_rows: list[int] = []
+        self.segments: list[Segment] = []
+        self.fanout: list[tuple[int, int]] = []
+        self._first = (0, 0, 0)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.token_ids)
+
+    def begin_step(self) -> None:
+        self._first = (len(self.token_ids), len(self.sample_rows), len(self.slots))
+
+    def add(self, seq: Sequence, start: int, end: int, kv_split: int) -> None:
+        """Compute positions start..end-1 of `seq`; it attends to its keys 0..end-1 (those before `start` are
+        in its cache slot, or written in this pass by `share`)."""
+        assert seq.slot is not None and end > start
+        self.token_ids.extend(seq.token_ids[start:end])
+        self.positions.extend(range(start, end))
+        self.cache_rows.extend(self.cache.rows(seq.slot, start, end))
+        self.query_starts.append(self.query_starts[-1] + end - start)
+        self.slots.append(seq.slot)
+        self.context_lens.append(end)
+        self.kv_splits.append(kv_split)
+
+    def share(self, row: int, seq: Sequence, position: int) -> None:
+        """Packed row `row` also writes its keys and values as `seq`'s at `position`."""
+        assert seq.slot is not None
+        self.fanout.append((row, seq.slot * self.cache.length + position))
+
+    def sample(self, row: int) -> None:
+        self.sample_rows.append(row)
+
+    def end_step(self, plan: StepPlan) -> None:
+        first_row, first_sample, first_seq = self._first
+        self.segments.append(Segment((first_row, len(self.token_ids)), (first_sample, len(self.sample_rows)),
+                                     (first_seq, len(self.slots)), plan))
+
+    def build(self, ops: Ops, group: int) -> ForwardBatch:
+        attention = AttentionLayout(self.slots, self.query_starts, self.context_lens, self.kv_splits)
+        every_row = self.sample_rows == list(range(len(self.token_ids)))
+        fanout = None
+        if self.fanout:
+            fanout = (torch.tensor([r for r, _ in self.fanout]), torch.tensor([c for _, c in self.fanout]))
+        return ForwardBatch(
+            torch.tensor(self.token_ids),
+            torch.tensor(self.positions),
+            torch.tensor(self.cache_rows),
+            ops.attention_meta(attention, group, torch.device("cpu")),
+            BatchLayout(self.segments, len(self.token_ids), len(self.sample_rows)),
+            None if every_row else torch.tensor(self.sample_rows, dtype=torch.long),
+            fanout,
+        )
+
+
 def pack(steps: Seq[PlannedStep], cache: KVCache, ops: Ops, group: int,
          every_row_samples: bool = False) -> ForwardBatch:
-    """No padding: every step's sequences' pending tokens, end to end, step after step. Rows sample
-    where a sequence reaches its last token (`every_row_samples`: all rows, to score a prompt)."""
-    token_ids: list[int] = []
-    positions: list[int] = []
-    cache_rows: list[int] = []
-    query_starts = [0]
-    slots, context_lens, kv_splits, sample_rows, segments = [], [], [], [], []
+    """Every step's sequences' pending tokens. Rows sample where a sequence reaches its last token
+    (`every_row_samples`: all rows, to score a prompt)."""
+    builder = BatchBuilder(cache)
     for step in steps:
-        first_row, first_sample, first_seq = len(token_ids), len(sample_rows), len(slots)
+        builder.begin_step()
         for seq, n in step.scheduled:
-            start = seq.num_computed
-            assert seq.slot is not None
-            token_ids.extend(seq.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            cache_rows.extend(cache.rows(seq.slot, start, start + n))
-            query_starts.append(query_starts[-1] + n)
-            slots.append(seq.slot)
-            context_lens.append(start + n)
-            kv_splits.append(step.plan.kv_split)
+            first = builder.num_rows
+            builder.add(seq, seq.num_computed, seq.num_computed + n, step.plan.kv_split)
             if every_row_samples:
-                sample_rows.extend(range(query_starts[-2], query_starts[-1]))
-            elif start + n == len(seq.token_ids):
-                sample_rows.append(query_starts[-1] - 1)
-        segments.append(Segment((first_row, len(token_ids)), (first_sample, len(sample_rows)),
-                                (first_seq, len(slots)), step.plan))
-    attention = AttentionLayout(slots, query_starts, context_lens, kv_splits)
-    all_sample = len(sample_rows) == len(token_ids)
-    return ForwardBatch(
-        torch.tensor(token_ids),
-        torch.tensor(positions),
-        torch.tensor(cache_rows),
-        ops.attention_meta(attention, group, torch.device("cpu")),
-        BatchLayout(segments, len(token_ids), len(sample_rows)),
-        None if all_sample else torch.tensor(sample_rows, dtype=torch.long),
-    )
+                for row in range(first, builder.num_rows):
+                    builder.sample(row)
+            elif seq.num_computed + n == len(seq.token_ids):
+                builder.sample(builder.num_rows - 1)
+        builder.end_step(step.plan)
+    return builder.build(ops, group)
+
+
+def sample(logits: torch.Tensor, logprobs: torch.Tensor) -> list[Sampled]:
+    """One Sampled per row of a forward pass's logits."""
+    ids, values, top1_logits = greedy_top2(logits, logprobs)
+    return [Sampled(i[0], i[1], v[0], v[1], lg) for i, v, lg in zip(ids, values, top1_logits)]
 
 
 class ModelRunner:
@@ -81,17 +134,17 @@ class ModelRunner:
         model's policy, or another the weights are prepared for."""
         return PlannedStep(scheduled, self.model.ops.plan_step(step_shape(scheduled), self.model.dims, policy))
 
-    @torch.inference_mode()
     def forward(self, steps: Seq[PlannedStep]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (model dtype) and fp32 log-probabilities [sampling rows, vocab], steps in order."""
-        batch = pack(steps, self.cache, self.model.ops, self.model.group)
+        return self.forward_batch(pack(steps, self.cache, self.model.ops, self.model.group))
+
+    @torch.inference_mode()
+    def forward_batch(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.forward(batch, self.cache)
 
     def run(self, steps: Seq[PlannedStep]) -> list[list[Sampled]]:
         """Each step's sampled tokens, in its sampling sequences' order."""
-        logits, logprobs = self.forward(steps)
-        ids, values, top1_logits = greedy_top2(logits, logprobs)
-        sampled = [Sampled(i[0], i[1], v[0], v[1], lg) for i, v, lg in zip(ids, values, top1_logits)]
+        sampled = sample(*self.forward(steps))
         per_step, start = [], 0
         for step in steps:
             n = sum(seq.num_computed + k == len(seq.token_ids) for seq, k in step.scheduled)

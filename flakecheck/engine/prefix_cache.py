@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
@@ -19,12 +20,21 @@ def block_hashes(token_ids: list[int], block_size: int = BLOCK_SIZE, salt: str |
     return hashes
 
 
+@dataclass(frozen=True)
+class CachedBlock:
+    """One block's keys and values [layers, 2, block, kv_heads, head_dim], and the lineage digest of its
+    last position (what they are the result of; None when the writer did not track it)."""
+
+    kv: torch.Tensor
+    lineage: bytes | None = None
+
+
 class PrefixCache:
     def __init__(self, capacity_blocks: int = 4096, block_size: int = BLOCK_SIZE) -> None:
-        self.blocks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.blocks: OrderedDict[int, CachedBlock] = OrderedDict()
         self.capacity, self.block_size = capacity_blocks, block_size
 
-    def lookup(self, prompt_ids: list[int], salt: str | None = None) -> list[torch.Tensor]:
+    def lookup(self, prompt_ids: list[int], salt: str | None = None) -> list[CachedBlock]:
         """Cached KV blocks for the longest cached prefix, leaving at least one prompt token to compute."""
         usable = block_hashes(prompt_ids[:-1], self.block_size, salt)
         found = []
@@ -41,7 +51,7 @@ class PrefixCache:
         hashes = block_hashes(prompt_ids, self.block_size, salt)
         return [(i, key) for i, key in enumerate(hashes) if key not in self.blocks]
 
-    def insert(self, key: int, block: torch.Tensor) -> None:
+    def insert(self, key: int, block: CachedBlock) -> None:
         self.blocks[key] = block
         while len(self.blocks) > self.capacity:
             self.blocks.popitem(last=False)

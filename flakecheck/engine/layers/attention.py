@@ -42,5 +42,8 @@ class Attention:
                             k_groups)
             q, k = RotaryEmbedding.apply(q, rope), RotaryEmbedding.apply(k, rope)
         cache.write(self.layer, batch.cache_rows, k, v)
+        if batch.fanout is not None:
+            src, dst = batch.fanout
+            cache.write(self.layer, dst, k.index_select(0, src), v.index_select(0, src))
         out = self.ops.attention(q, cache.k[self.layer], cache.v[self.layer], batch.attention, self.scale)
         return self.o_proj(out.reshape(tokens, q_width), layout)

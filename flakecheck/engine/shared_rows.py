@@ -1,0 +1,202 @@
+"""Rows that are the same computation, computed once per simulated forward pass.
+
+Under row-invariant kernels a row's keys, values and logits follow from its token, its position, the
+keys and values before it in its own sequence, and its step's plan, and from nothing else in the
+batch. Every computed position gets a digest of exactly that — chained, so the previous position's
+digest stands for all the keys and values before it — kept in `Sequence.lineage` (and with a prefix
+cache's blocks). Rows with equal digests are the same computation bit for bit: `solo` and a `prefix`
+request that finds nothing cached prefill the same prompt under the same plans; two requests that
+share a system prompt prefill its rows identically whenever their steps pick the same plans. Such a
+row is computed once: a pass's first occurrence writes its keys and values into every sequence that
+needs them, and a row an earlier pass already computed is copied from the sequence that computed it
+while that sequence still holds its cache slot. The LM head and final norm orders do not enter a row's
+digest (they shape only what a sampling row samples): a sampling row reuses a token sampled from the same
+row under the same two orders, or samples again from the row this pass computes.
+
+Only the leading rows of a sequence's step are shared (a sequence's computed rows stay one run of
+positions, as the attention layout wants), and only under kernels whose rows are batch-invariant
+(simulated replay). A digest is 128 bits of BLAKE2b: a collision is not a practical concern.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from flakecheck.engine.engine_core import Sampled
+from flakecheck.engine.kv_cache import KVCache
+from flakecheck.engine.model_runner import BatchBuilder, PlannedStep
+from flakecheck.engine.sequence import SeqStatus, Sequence
+from flakecheck.kernels import StepPlan
+
+ROOT = bytes(16)  # the lineage before a sequence's first position: no keys and values yet
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a computed row's keys and values are: `seq`'s cache slot at `position`."""
+
+    seq: Sequence
+    position: int
+
+    @property
+    def valid(self) -> bool:
+        """Whether they are still there (a finished sequence's slot goes to another)."""
+        return self.seq.status is SeqStatus.RUNNING
+
+
+@dataclass
+class SeqRows:
+    """One sequence of a step in a pass: its rows' digests; for each leading row it does not compute, where
+    that row's results are (a packed row of the pass, or an earlier computation); where its sampled token
+    comes from (a packed row of the pass, or an earlier computation)."""
+
+    seq: Sequence
+    start: int
+    keys: list[bytes]
+    sources: list[int | Source] = field(default_factory=list)
+    sample_row: int | None = None
+    reused: Sampled | None = None
+
+    @property
+    def samples(self) -> bool:
+        return self.start + len(self.keys) == len(self.seq.token_ids)
+
+
+@dataclass
+class SharedPass:
+    """One forward pass being packed: its steps, the rows it computes, and the copies made before it."""
+
+    builder: BatchBuilder
+    steps: list[tuple[PlannedStep, list[SeqRows]]] = field(default_factory=list)
+    rows: dict[bytes, int] = field(default_factory=dict)  # digest -> packed row computing it
+    shared: int = 0  # rows of its steps that it does not compute
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (cache row, cache row), before the pass
+
+
+class RowSharing:
+    """The digests of computed rows, where their keys and values are, and what the sampling ones sampled."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+        self.computed: dict[bytes, Source] = {}
+        # (digest, LM head order, final norm order) -> the token sampled from that row's logits
+        self.sampled: dict[tuple[bytes, int, int], Sampled] = {}
+        self._plans: dict[tuple[object, ...], bytes] = {}
+
+    def new_pass(self) -> SharedPass:
+        return SharedPass(BatchBuilder(self.cache))
+
+    def digests(self, seq: Sequence, n: int, plan: StepPlan) -> list[bytes]:
+        """The lineage digests of `seq`'s next n positions computed under `plan`."""
+        start = seq.num_computed
+        previous = ROOT if start == 0 else (seq.lineage[start - 1] if len(seq.lineage) >= start else None)
+        if previous is None:  # keys and values of unknown origin: its rows match no other
+            previous = os.urandom(16)
+        # a row's keys, values and hidden state follow the plan's body; the LM head and final norm orders
+        # matter only to what a sampling row samples (`sampled` is keyed by them)
+        body = (plan.projections, plan.norms, plan.kv_split)
+        plan_id = self._plans.setdefault(body, struct.pack("<Q", len(self._plans)))
+        keys = []
+        for position in range(start, start + n):
+            previous = hashlib.blake2b(previous + plan_id + struct.pack("<qq", seq.token_ids[position], position),
+                                       digest_size=16).digest()
+            keys.append(previous)
+        return keys
+
+    def _earlier(self, key: bytes) -> Source | None:
+        source = self.computed.get(key)
+        return source if source is not None and source.valid else None
+
+    def plan(self, current: SharedPass, step: PlannedStep) -> tuple[int, list[SeqRows]]:
+        """How many rows `step` would add to `current`, and what each of its sequences shares (rows of this
+        pass, its own step included, or earlier computations). Packs nothing."""
+        rows: dict[bytes, int] = {}  # rows this step would compute, at the packed rows they would get
+        next_row, seqs = current.builder.num_rows, []
+        for seq, n in step.scheduled:
+            entry = SeqRows(seq, seq.num_computed, self.digests(seq, n, step.plan))
+            for key in entry.keys:
+                source = current.rows.get(key, rows.get(key))
+                if source is None:
+                    source = self._earlier(key)
+                if source is None:
+                    break
+                entry.sources.append(source)
+            if entry.samples and len(entry.sources) == n:
+                source = entry.sources[-1]
+                entry.reused = self.sampled.get((entry.keys[-1], step.plan.lm_head, step.plan.final))
+                if entry.reused is None and isinstance(source, int):
+                    entry.sample_row = source  # sampled again from the row this pass computes
+                elif entry.reused is None:  # computed earlier, never sampled under this plan: compute it here
+                    entry.sources.pop()
+            for i in range(len(entry.sources), n):
+                rows.setdefault(entry.keys[i], next_row)
+                next_row += 1
+            if entry.samples and entry.reused is None and len(entry.sources) < n:
+                entry.sample_row = next_row - 1
+            seqs.append(entry)
+        return next_row - current.builder.num_rows, seqs
+
+    def add(self, current: SharedPass, step: PlannedStep, seqs: list[SeqRows]) -> None:
+        """Pack `step` into `current` as `plan` decided."""
+        builder, length = current.builder, self.cache.length
+        builder.begin_step()
+        for entry in seqs:
+            seq, start = entry.seq, entry.start
+            assert seq.slot is not None
+            for i, source in enumerate(entry.sources):
+                if isinstance(source, int):
+                    builder.share(source, seq, start + i)
+                else:
+                    assert source.seq.slot is not None
+                    current.copies.append((source.seq.slot * length + source.position, seq.slot * length + start + i))
+            computed = len(entry.sources)
+            if computed < len(entry.keys):
+                first = builder.num_rows
+                builder.add(seq, start + computed, start + len(entry.keys), step.plan.kv_split)
+                for i in range(computed, len(entry.keys)):
+                    current.rows.setdefault(entry.keys[i], first + i - computed)
+            if entry.sample_row is not None:
+                builder.sample(entry.sample_row)
+            current.shared += computed
+        builder.end_step(step.plan)
+        current.steps.append((step, seqs))
+
+    def copy(self, current: SharedPass) -> None:
+        """The rows `current` takes from earlier passes, into the slots of the sequences that need them."""
+        if current.copies:
+            src, dst = zip(*current.copies)
+            self.cache.copy_rows(torch.tensor(src), torch.tensor(dst))
+
+    def results(self, current: SharedPass, sampled: Seq[Sampled]) -> list[list[Sampled]]:
+        """Each step's sampled tokens (from the pass's sampling rows, in order, or reused), and every row
+        of the pass recorded as computed — call before the steps are committed."""
+        per_step: list[list[Sampled]] = []
+        next_sample = 0
+        for step, seqs in current.steps:
+            out = []
+            for entry in seqs:
+                result = entry.reused
+                if result is None and entry.sample_row is not None:
+                    result = sampled[next_sample]
+                    next_sample += 1
+                if result is not None:
+                    out.append(result)
+                    self.sampled.setdefault((entry.keys[-1], step.plan.lm_head, step.plan.final), result)
+                self._record(entry)
+            per_step.append(out)
+        return per_step
+
+    def _record(self, entry: SeqRows) -> None:
+        seq = entry.seq
+        for i, key in enumerate(entry.keys):
+            known = self.computed.get(key)
+            if known is None or not known.valid:
+                self.computed[key] = Source(seq, entry.start + i)
+        del seq.lineage[entry.start:]
+        seq.lineage.extend(entry.keys)

@@ -1,0 +1,132 @@
+"""Rows that are the same computation run once in a simulated forward pass, and every sequence still gets
+the bits it gets alone: rows are identified by what they are computed from (token, position, the keys
+and values before them, the plan), nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from flakecheck.kernels import StepPlan, get_ops
+
+from flakecheck.engine import Completion, EngineCore, LLMEngine, LoadedModel, Request, SamplingParams, load_model
+from flakecheck.engine.kv_cache import KVCache
+from flakecheck.engine.llm_engine import build_model
+from flakecheck.engine.lockstep import Lockstep, Member
+from flakecheck.engine.prefix_cache import PrefixCache
+from flakecheck.engine.sequence import Sequence
+from flakecheck.engine.shared_rows import RowSharing
+
+PLAN = StepPlan(projections=(((64, 64), 2),), lm_head=3, kv_split=256, norms=((1, 1),), final=1)
+
+
+def sequence(tokens: list[int]) -> Sequence:
+    return Sequence("s", tokens, SamplingParams(max_tokens=4))
+
+
+def test_a_rows_digest_follows_its_tokens_positions_and_plan_but_not_the_sampling_orders() -> None:
+    sharing = RowSharing(KVCache(1, 2, 1, 4, torch.float32))
+    a, b = sequence([5, 6, 7, 8]), sequence([5, 6, 7, 8])
+    assert sharing.digests(a, 4, PLAN) == sharing.digests(b, 4, PLAN)
+    # the LM head and final norm orders shape only what a sampling row samples, not keys and values
+    assert sharing.digests(b, 4, replace(PLAN, lm_head=5, final=4)) == sharing.digests(a, 4, PLAN)
+    assert sharing.digests(b, 4, replace(PLAN, kv_split=64))[0] != sharing.digests(a, 4, PLAN)[0]
+    assert sharing.digests(b, 4, replace(PLAN, projections=(((64, 64), 1),)))[0] != sharing.digests(a, 4, PLAN)[0]
+    # one earlier token differs: every later row differs too, though its own token is the same
+    other = sharing.digests(sequence([9, 6, 7, 8]), 4, PLAN)
+    assert all(x != y for x, y in zip(other, sharing.digests(a, 4, PLAN)))
+
+
+def test_a_prompt_chunked_under_one_plan_has_the_lineage_of_the_whole_prompt() -> None:
+    """Row-invariant kernels give a row the same bits whether its prompt was computed in one step or two
+    (same plan): the digests agree, so the rows are shared either way."""
+    sharing = RowSharing(KVCache(1, 2, 1, 4, torch.float32))
+    whole = sharing.digests(sequence([5, 6, 7, 8]), 4, PLAN)
+    chunked = sequence([5, 6, 7, 8])
+    first = sharing.digests(chunked, 2, PLAN)
+    chunked.lineage.extend(first)
+    chunked.num_computed = 2
+    assert first + sharing.digests(chunked, 2, PLAN) == whole
+
+
+def test_keys_and_values_of_unknown_origin_match_nothing() -> None:
+    sharing = RowSharing(KVCache(1, 2, 1, 4, torch.float32))
+    a, b = sequence([5, 6, 7, 8]), sequence([5, 6, 7, 8])
+    for seq in (a, b):  # e.g. prefix-cache blocks written by an engine that tracks no lineage
+        seq.num_computed, seq.lineage = 2, [None, None]
+    assert sharing.digests(a, 2, PLAN) != sharing.digests(b, 2, PLAN)
+
+
+@pytest.fixture(scope="module")
+def wide(tiny_wide_model_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_wide_model_dir), "bfloat16")
+
+
+def prompts(n: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    system = torch.randint(3, 200, (24,), generator=gen).tolist()  # a shared system prompt
+    return [system + torch.randint(3, 200, (5 + 3 * i,), generator=gen).tolist() for i in range(n)]
+
+
+def alone(model: LoadedModel, requests: list[Request], max_num_seqs: int, prefix: bool = False) -> list[Completion]:
+    engine = LLMEngine(model, get_ops("splitk"), max_num_seqs=max_num_seqs, enable_prefix_caching=prefix)
+    return engine.generate(requests)
+
+
+def same(a: Completion, b: Completion) -> bool:
+    return (a.token_ids, a.top1_logprobs, a.top2_ids, a.top2_logprobs, a.top1_logits) == \
+        (b.token_ids, b.top1_logprobs, b.top2_ids, b.top2_logprobs, b.top1_logits)
+
+
+@pytest.mark.parametrize("max_rows", [2048, 40])
+def test_cores_that_compute_the_same_rows_compute_them_once_with_the_bits_of_each_alone(wide, max_rows) -> None:
+    """Two serial cores with one request each (the same), a serial core with a prefix cache, and a batched
+    core: the duplicate core computes nothing, rows are shared, and every completion is bitwise what its
+    core gives when replayed alone. With 40 rows a pass, a step's shared rows come from earlier passes
+    (copied from the computing sequence's slot) rather than from the same pass."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    ps = prompts(3)
+    network = build_model(wide, get_ops("splitk"))
+    config = wide.config
+    cache = KVCache(config.num_layers, 16, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
+    lockstep = Lockstep(network, cache, max_rows)
+    results: dict[str, list[Completion]] = {}
+
+    shared_prefix = PrefixCache()  # the serial prefix-cache composition's requests share one cache
+
+    def core(name: str, requests: list[Request], max_num_seqs: int, prefix: bool = False,
+             ready=lambda: True) -> EngineCore:
+        engine = EngineCore(cache, wide.eos_token_ids, config.max_context, max_num_seqs, None,
+                            shared_prefix if prefix else None)
+        for request in requests:
+            engine.add_request(request)
+        lockstep.add(Member(engine, results.setdefault(name, []).append, ready))
+        return engine
+
+    one = [Request("a", ps[0], params)]
+    core("serial-1", one, 1)
+    core("serial-2", one, 1)  # the same computation: shares every row
+    batched = [Request(str(i), p, params) for i, p in enumerate(ps)]
+    core("batched", batched, 4)
+    first = core("prefix-first", [Request("p0", ps[0], params)], 1, prefix=True)
+    # waits until the first has written its prompt's blocks, then hits them (shared system prompt)
+    core("prefix-second", [Request("p1", ps[1], params)], 1, prefix=True, ready=first.prompts_done)
+    lockstep.run()
+
+    assert same(results["serial-1"][0], alone(wide, one, 1)[0])
+    assert same(results["serial-2"][0], results["serial-1"][0])
+    for got, want in zip(sorted(results["batched"], key=lambda c: c.request_id), alone(wide, batched, 4)):
+        assert same(got, want)
+    serial_prefix = alone(wide, [Request("p0", ps[0], params), Request("p1", ps[1], params)], 1, prefix=True)
+    assert [c.cached_prompt_tokens for c in serial_prefix] == [0, 16]
+    assert same(results["prefix-first"][0], serial_prefix[0])
+    assert same(results["prefix-second"][0], serial_prefix[1])
+    assert results["prefix-second"][0].cached_prompt_tokens == 16
+    # the duplicate serial core and the prefix-cache core's first request compute nothing of their own
+    one_core_rows = len(ps[0]) + params.max_tokens - 1
+    assert lockstep.stats.shared_rows >= 2 * one_core_rows
+    computed = lockstep.stats.rows
+    every_row = 3 * one_core_rows + sum(len(p) + params.max_tokens - 1 for p in ps) + (len(ps[1]) - 16 + 5)
+    assert computed + lockstep.stats.shared_rows == every_row
