@@ -67,6 +67,8 @@ def test_simulated_replay_is_bitwise_physical_replay(wide, suite, tmp_path, kern
     assert len(simulated.runs) == len(COMPOSITIONS) * 2 * 11
     if kernels == "splitk":  # the property is not vacuous: the compositions do change some tokens
         assert simulated.runs.first_divergence.notna().any()
+    # ... and rows that several compositions compute alike were computed once (shared prompts, repeats)
+    assert simulated.meta["replay_stats"]["shared_rows"] > 0
 
 
 def test_simulated_replay_of_a_model_with_per_head_norms(tiny_model_factory, suite, tmp_path) -> None:
