@@ -85,8 +85,9 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
 
 
 def replay_line(meta: dict) -> str | None:
-    """How the traces were produced and how long it took: 'replay: simulated, 6,235 engine steps in 351
-    forward passes, 3 min 52 s'; None for a run directory that does not record it."""
+    """How the traces were produced and how long it took: 'replay: simulated, 6,235 engine steps of every
+    composition in 349 shared forward passes (12,531 of 46,033 rows computed once for several), 2 min 43 s';
+    None for a run directory that does not record it."""
     seconds = (meta.get("timings") or {}).get("replay_s")
     mode = meta.get("replay")
     if seconds is None or mode is None:
@@ -95,8 +96,10 @@ def replay_line(meta: dict) -> str | None:
     minutes, rest = divmod(round(seconds), 60)
     took = f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
     if mode == "simulated" and stats.get("steps") and stats.get("forward_passes"):
+        shared = stats.get("shared_rows") or 0
+        rows = f" ({shared:,} of {shared + stats.get('rows', 0):,} rows computed once for several)" if shared else ""
         return (f"replay: simulated, {stats['steps']:,} engine steps of every composition in "
-                f"{stats['forward_passes']:,} shared forward passes, {took}")
+                f"{stats['forward_passes']:,} shared forward passes{rows}, {took}")
     return f"replay: {mode}, {took}"
 
 
