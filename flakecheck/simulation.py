@@ -90,7 +90,7 @@ def simulate(model: LoadedModel, network: LlamaForCausalLM, cases: Sequence[Case
 
 class Simulation:
     """Every job of `work`, built into one lockstep (not yet run): `lockstep.run()` replays them, and
-    `so_far` reads what a job's case has generated, finished or not — after an early stop too.
+    `trace` reads what a job's case generated.
 
     `windows` (case id -> tokens) asks for only the first tokens of those cases: a core stops as soon as
     every case it reports has them (its traces then end with finish_reason "window"), a serial core with a
@@ -116,19 +116,11 @@ class Simulation:
         for job, requests in plans:
             self._builder.add(job, requests)
 
-    def so_far(self, job: Job, case_id: str) -> Trace | None:
-        """The case's trace under `job`: complete once it finished, else what it generated so far (None if
-        the job does not report the case)."""
+    def trace(self, job: Job, case_id: str) -> Trace | None:
+        """The case's trace under `job` once the lockstep has run: whole, or up to its window (None if the job
+        does not report the case)."""
         run = self._builder.runs.get((job.name, job.repeat))
-        if run is None or case_id not in run.case_ids:
-            return None
-        if case_id in run.traces:
-            return run.traces[case_id]
-        core = self._builder.cores[(job.name, job.repeat)].get(case_id)
-        completion = core.progress(case_id) if core is not None else None
-        if completion is None:  # not admitted yet: nothing generated
-            return Trace(case_id, run.name, run.repeat, [], [], [], [], [], "length", [])
-        return trace_of(completion, run.name, run.repeat)
+        return None if run is None else run.traces.get(case_id)
 
 
 class _Builder:
@@ -140,10 +132,7 @@ class _Builder:
         self.on_case_done, self.on_run_done = on_case_done, on_run_done
         # serial cores without a prefix cache, shared by every run that schedules the same computation
         self.serial: dict[tuple[str, int | None, KernelPolicy | None], list[RunTraces]] = {}
-        self.serial_cores: dict[tuple[str, int | None, KernelPolicy | None], EngineCore] = {}
-        # each job's RunTraces and the core each of its reported cases runs in, by (job name, repeat)
-        self.runs: dict[tuple[str, int], RunTraces] = {}
-        self.cores: dict[tuple[str, int], dict[str, EngineCore]] = {}
+        self.runs: dict[tuple[str, int], RunTraces] = {}  # each job's traces, by (job name, repeat)
 
     def core(self, max_num_seqs: int, chunk: int | None, prefix: PrefixCache | None) -> EngineCore:
         return EngineCore(self.lockstep.cache, self.model.eos_token_ids, self.model.config.max_context,
@@ -171,7 +160,6 @@ class _Builder:
         reported = [c for c in self.case_ids if job.cases is None or c in job.cases]
         run = RunTraces(composition, job.repeat, reported, name=job.name)
         self.runs[(job.name, job.repeat)] = run
-        cores = self.cores.setdefault((job.name, job.repeat), {})
         if composition.max_batch > 1:
             self._whole(job, [run], requests)
         elif not composition.prefix_cache:
@@ -181,12 +169,11 @@ class _Builder:
                 key = (str(request.request_id), composition.chunk, job.policy)
                 if key not in self.serial:
                     self.serial[key] = []
-                    member = self.serial_cores[key] = self.core(1, composition.chunk, None)
-                    member.add_request(Request(request.request_id, request.prompt_ids, request.params))
-                    self.lockstep.add(Member(member, self.listener(self.serial[key]), policy=job.policy,
-                                             done=self.wanted(member, self.serial[key], [key[0]])))
+                    core = self.core(1, composition.chunk, None)
+                    core.add_request(Request(request.request_id, request.prompt_ids, request.params))
+                    self.lockstep.add(Member(core, self.listener(self.serial[key]), policy=job.policy,
+                                             done=self.wanted(core, self.serial[key], [key[0]])))
                 self.serial[key].append(run)
-                cores[str(request.request_id)] = self.serial_cores[key]
         else:
             self._serial_with_prefix(job, run, requests)
 
@@ -207,8 +194,8 @@ class _Builder:
                 window = windows.get(case_id)
                 if window is None:
                     return False
-                progress = core.progress(case_id)
-                if progress is None or len(progress.token_ids) < window:
+                generated = core.generated(case_id)
+                if generated is None or generated < window:
                     return False
             return True
 
@@ -220,8 +207,6 @@ class _Builder:
         core = self.core(composition.max_batch, composition.chunk, prefix)
         for request in requests:
             core.add_request(request)
-            if not isinstance(request.request_id, tuple):
-                self.cores[(job.name, job.repeat)][str(request.request_id)] = core
         self.lockstep.add(Member(core, self.listener(runs), policy=job.policy,
                                  done=self.wanted(core, runs, runs[0].case_ids)))
 
@@ -242,8 +227,6 @@ class _Builder:
             core = self.core(1, job.composition.chunk, prefix)
             core.add_request(Request(request.request_id, request.prompt_ids, request.params,
                                      cache_salt=request.cache_salt))
-            if not isinstance(request.request_id, tuple):
-                self.cores[(job.name, job.repeat)][str(request.request_id)] = core
             waits = list(earlier.get(key, [])) if key is not None else []
             reported = [str(request.request_id)] if str(request.request_id) in run.case_ids else []
             self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits),

@@ -178,12 +178,12 @@ def test_an_early_stop_gives_the_first_tokens_of_the_full_replay(wide, splitk) -
                                 windows=windows)
         simulation.lockstep.run()
         for case_id, window in windows.items():
-            trace = simulation.so_far(job, case_id)
+            trace = simulation.trace(job, case_id)
             assert trace is not None and len(trace.token_ids) >= min(window, len(recorded[case_id]))
             assert trace.token_ids == recorded[case_id][:len(trace.token_ids)], (composition.name, case_id)
         whole = Simulation(wide, network, source.requests, [job], lambda t: None, lambda r: None)
         whole.lockstep.run()
-        assert [whole.so_far(job, c).token_ids for c in interest] == [recorded[c] for c in interest]
+        assert [whole.trace(job, c).token_ids for c in interest] == [recorded[c] for c in interest]
         assert simulation.lockstep.stats.rows < whole.lockstep.stats.rows  # it did stop early
 
 

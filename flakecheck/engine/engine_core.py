@@ -145,6 +145,11 @@ class EngineCore:
         seq = self._unfinished(request_id)
         return None if seq is None else seq.completion()
 
+    def generated(self, request_id: Any) -> int | None:
+        """How many tokens an unfinished request has generated so far; None when it is finished or unknown."""
+        seq = self._unfinished(request_id)
+        return None if seq is None else seq.num_generated
+
     def abort(self, request_id: Any, reason: str = "abort") -> Completion | None:
         """Finish an unfinished request now (a stop string matched, its client went away) and free its
         slot for the next step; its completion so far, or None when it is finished or unknown."""

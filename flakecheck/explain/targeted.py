@@ -113,7 +113,7 @@ class Replays:
         for key, job in jobs:
             self.replayed[key] = {}
             for case_id in job.cases or ():
-                trace = simulation.so_far(job, case_id)
+                trace = simulation.trace(job, case_id)
                 assert trace is not None
                 self.replayed[key][case_id] = trace
         self.stats.jobs = len(jobs)
