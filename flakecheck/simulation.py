@@ -7,7 +7,9 @@ replaying each composition alone (tests/test_simulation.py checks it). How a com
 cores:
 
 - `max_batch` > 1: one core with the composition's limits, prefix cache and every request
-  (cases and fillers): its steps are exactly the steps the composition schedules.
+  (cases and fillers): its steps are exactly the steps the composition schedules. Without a prefix
+  cache a filler only shapes those steps (its length is fixed, no case reads its values): it is
+  scheduled but not computed.
 - `max_batch` 1, no prefix cache: every step holds one sequence, so a case is its own core and
   fillers cannot touch it (they are not run). Such a core is the same computation whichever serial
   composition or repeat it belongs to (same prompt, token limit and chunk budget): it runs once
@@ -25,7 +27,7 @@ cores:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flakecheck.compositions import Composition
@@ -206,7 +208,10 @@ class _Builder:
         prefix = PrefixCache() if composition.prefix_cache else None
         core = self.core(composition.max_batch, composition.chunk, prefix)
         for request in requests:
-            core.add_request(request)
+            # a filler's length is fixed (it ignores EOS) and its values reach a case only through a prefix
+            # cache: without one it shapes the steps and needs no computing
+            filler = isinstance(request.request_id, tuple) and request.params.ignore_eos
+            core.add_request(replace(request, shape_only=filler and prefix is None))
         self.lockstep.add(Member(core, self.listener(runs), policy=job.policy,
                                  done=self.wanted(core, runs, runs[0].case_ids)))
 

@@ -130,3 +130,27 @@ def test_cores_that_compute_the_same_rows_compute_them_once_with_the_bits_of_eac
     computed = lockstep.stats.rows
     every_row = 3 * one_core_rows + sum(len(p) + params.max_tokens - 1 for p in ps) + (len(ps[1]) - 16 + 5)
     assert computed + lockstep.stats.shared_rows == every_row
+
+
+def test_a_shape_only_request_shapes_its_steps_without_being_computed(wide) -> None:
+    """A filler (fixed length, no prefix cache) changes its batch-mates' plans, never their values: skipping
+    its rows leaves every case bitwise what the engine gives with the filler computed."""
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    ps = prompts(3)
+    cases = [Request(str(i), p, params) for i, p in enumerate(ps[:2])]
+    filler = Request(("filler", 0), ps[2][::-1], SamplingParams(max_tokens=7, ignore_eos=True), arrival=2)
+    want = alone(wide, [*cases, filler], 4)
+    config = wide.config
+    cache = KVCache(config.num_layers, 8, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
+    lockstep = Lockstep(build_model(wide, get_ops("splitk")), cache)
+    core = EngineCore(cache, wide.eos_token_ids, config.max_context, 4)
+    for request in [*cases, replace(filler, shape_only=True)]:
+        core.add_request(request)
+    got: list[Completion] = []
+    lockstep.add(Member(core, got.append))
+    lockstep.run()
+    by_id = {c.request_id: c for c in got}
+    for completion in want[:2]:
+        assert same(by_id[completion.request_id], completion)
+    assert len(by_id[("filler", 0)].token_ids) == 7  # it ran its whole length, uncomputed
+    assert lockstep.stats.skipped_rows == len(filler.prompt_ids) + 7 - 1

@@ -69,6 +69,8 @@ def test_simulated_replay_is_bitwise_physical_replay(wide, suite, tmp_path, kern
         assert simulated.runs.first_divergence.notna().any()
     # ... and rows that several compositions compute alike were computed once (shared prompts, repeats)
     assert simulated.meta["replay_stats"]["shared_rows"] > 0
+    # ... and fillers shaped their steps without being computed
+    assert simulated.meta["replay_stats"]["skipped_rows"] > 0
 
 
 def test_simulated_replay_of_a_model_with_per_head_norms(tiny_model_factory, suite, tmp_path) -> None:

@@ -24,6 +24,9 @@ class Request:
     params: SamplingParams = SamplingParams()
     arrival: int = 0  # engine step at which the request may first be scheduled
     cache_salt: str | None = None  # requests with different salts never share prefix-cache blocks
+    # nothing reads its values (a filler whose length is fixed, with no prefix cache to pass its KV on):
+    # simulated replay schedules it, which shapes its steps, but never computes it
+    shape_only: bool = False
 
 
 @dataclass
@@ -68,7 +71,7 @@ class EngineCore:
 
     def add_request(self, request: Request, context_name: str = "context") -> None:
         seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival,
-                       request.cache_salt)
+                       request.cache_salt, shape_only=request.shape_only)
         if seq.max_length > self.max_context:
             raise ValueError(
                 f"request {request.request_id!r}: {seq.num_prompt} prompt + {request.params.max_tokens} new "

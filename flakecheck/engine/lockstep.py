@@ -51,6 +51,7 @@ class LockstepStats:
     forward_passes: int = 0
     rows: int = 0  # rows computed
     shared_rows: int = 0  # rows of the steps that another sequence's identical row computed
+    skipped_rows: int = 0  # rows of shape-only requests (fillers): they shape their steps, nothing reads them
     steps: int = 0
     peak_rows: int = 0
     peak_slots: int = 0
@@ -129,6 +130,7 @@ class Lockstep:
         self.stats.forward_passes += rows > 0
         self.stats.rows += rows
         self.stats.shared_rows += current.shared
+        self.stats.skipped_rows += current.skipped
         self.stats.steps += len(current.steps)
         self.stats.peak_rows = max(self.stats.peak_rows, rows)
         self.sharing.copy(current)

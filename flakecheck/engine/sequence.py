@@ -42,6 +42,7 @@ class Sequence:
     params: SamplingParams
     arrival: int = 0
     cache_salt: str | None = None  # prefix-cache blocks are shared only between requests with the same salt
+    shape_only: bool = False  # simulated replay schedules it but never computes it (see Request)
     token_ids: list[int] = field(init=False)
     num_computed: int = 0  # tokens whose keys and values are in the cache
     cached_prompt_tokens: int = 0

@@ -13,6 +13,9 @@ while that sequence still holds its cache slot. The LM head and final norm order
 digest (they shape only what a sampling row samples): a sampling row reuses a token sampled from the same
 row under the same two orders, or samples again from the row this pass computes.
 
+A shape-only sequence (a filler: fixed length, no prefix cache to hand its keys and values on) is scheduled
+— its rows count in its steps' shapes, hence in their plans — but never computed: no other row reads it.
+
 Only the leading rows of a sequence's step are shared (a sequence's computed rows stay one run of
 positions, as the attention layout wants), and only under kernels whose rows are batch-invariant
 (simulated replay). A digest is 128 bits of BLAKE2b: a collision is not a practical concern.
@@ -21,6 +24,7 @@ positions, as the attention layout wants), and only under kernels whose rows are
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from collections.abc import Sequence as Seq
@@ -35,6 +39,8 @@ from flakecheck.engine.sequence import SeqStatus, Sequence
 from flakecheck.kernels import StepPlan
 
 ROOT = bytes(16)  # the lineage before a sequence's first position: no keys and values yet
+# what a shape-only sequence "samples": nothing reads it, and its length does not depend on it
+UNREAD = Sampled(0, 0, math.nan, math.nan, math.nan)
 
 
 @dataclass(frozen=True)
@@ -58,14 +64,15 @@ class SeqRows:
 
     seq: Sequence
     start: int
-    keys: list[bytes]
+    n: int
+    keys: list[bytes]  # empty for a shape-only sequence: nothing of it is computed
     sources: list[int | Source] = field(default_factory=list)
     sample_row: int | None = None
     reused: Sampled | None = None
 
     @property
     def samples(self) -> bool:
-        return self.start + len(self.keys) == len(self.seq.token_ids)
+        return self.start + self.n == len(self.seq.token_ids)
 
 
 @dataclass
@@ -75,7 +82,8 @@ class SharedPass:
     builder: BatchBuilder
     steps: list[tuple[PlannedStep, list[SeqRows]]] = field(default_factory=list)
     rows: dict[bytes, int] = field(default_factory=dict)  # digest -> packed row computing it
-    shared: int = 0  # rows of its steps that it does not compute
+    shared: int = 0  # rows of its steps that it takes from another sequence's identical row
+    skipped: int = 0  # rows of shape-only sequences: scheduled, never computed
     copies: list[tuple[int, int]] = field(default_factory=list)  # (cache row, cache row), before the pass
 
 
@@ -119,7 +127,12 @@ class RowSharing:
         rows: dict[bytes, int] = {}  # rows this step would compute, at the packed rows they would get
         next_row, seqs = current.builder.num_rows, []
         for seq, n in step.scheduled:
-            entry = SeqRows(seq, seq.num_computed, self.digests(seq, n, step.plan))
+            if seq.shape_only:
+                entry = SeqRows(seq, seq.num_computed, n, [])
+                entry.reused = UNREAD if entry.samples else None
+                seqs.append(entry)
+                continue
+            entry = SeqRows(seq, seq.num_computed, n, self.digests(seq, n, step.plan))
             for key in entry.keys:
                 source = current.rows.get(key, rows.get(key))
                 if source is None:
@@ -149,6 +162,9 @@ class RowSharing:
         for entry in seqs:
             seq, start = entry.seq, entry.start
             assert seq.slot is not None
+            if seq.shape_only:
+                current.skipped += entry.n
+                continue
             for i, source in enumerate(entry.sources):
                 if isinstance(source, int):
                     builder.share(source, seq, start + i)
@@ -187,8 +203,10 @@ class RowSharing:
                     next_sample += 1
                 if result is not None:
                     out.append(result)
-                    self.sampled.setdefault((entry.keys[-1], step.plan.lm_head, step.plan.final), result)
-                self._record(entry)
+                if entry.keys:
+                    if result is not None:
+                        self.sampled.setdefault((entry.keys[-1], step.plan.lm_head, step.plan.final), result)
+                    self._record(entry)
             per_step.append(out)
         return per_step
 
