@@ -1,4 +1,4 @@
-"""Rows that are the same computation, computed once per simulated forward pass.
+"""Which rows a simulated forward pass computes: rows that are the same computation only once.
 
 Under row-invariant kernels a row's keys, values and logits follow from its token, its position, the
 keys and values before it in its own sequence, and its step's plan, and from nothing else in the
