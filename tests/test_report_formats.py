@@ -103,8 +103,9 @@ def test_render_summary_shows_the_riskiest_cases_and_the_next_command(splitk_rep
     assert f"replay: {meta['replay']}" in text
     if meta["replay"] == "simulated":
         assert f"{meta['replay_stats']['forward_passes']:,} shared forward passes" in text
-        shared = meta["replay_stats"]["shared_rows"]
-        assert (f"{shared:,} of {shared + meta['replay_stats']['rows']:,} rows computed once" in text) == (shared > 0)
+        stats = meta["replay_stats"]
+        shared, total = stats["shared_rows"], stats["shared_rows"] + stats["rows"] + stats["skipped_rows"]
+        assert (f"{shared:,} of {total:,} rows computed once" in text) == (shared > 0)
 
 
 def test_next_command_follows_policy_and_divergence(splitk_report_run, tight_invariant_run) -> None:

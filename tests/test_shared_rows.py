@@ -15,8 +15,8 @@ from flakecheck.engine import Completion, EngineCore, LLMEngine, LoadedModel, Re
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.llm_engine import build_model
 from flakecheck.engine.lockstep import Lockstep, Member
-from flakecheck.engine.prefix_cache import PrefixCache
-from flakecheck.engine.sequence import Sequence
+from flakecheck.engine.prefix_cache import CachedBlock, PrefixCache, block_hashes
+from flakecheck.engine.sequence import LINEAGE_ROOT, Sequence
 from flakecheck.engine.shared_rows import RowSharing
 
 PLAN = StepPlan(projections=(((64, 64), 2),), lm_head=3, kv_split=256, norms=((1, 1),), final=1)
@@ -57,6 +57,36 @@ def test_keys_and_values_of_unknown_origin_match_nothing() -> None:
     for seq in (a, b):  # e.g. prefix-cache blocks written by an engine that tracks no lineage
         seq.num_computed, seq.lineage = 2, [None, None]
     assert sharing.digests(a, 2, PLAN) != sharing.digests(b, 2, PLAN)
+
+
+def admitted_lineage(blocks: list[CachedBlock], prompt: list[int]) -> bytes | None:
+    """The lineage a request gets at its last cached position when its prompt's first blocks are `blocks`."""
+    cache, prefix = KVCache(1, 2, 1, 4, torch.float32, length=64), PrefixCache()
+    for key, block in zip(block_hashes(prompt, prefix.block_size), blocks):
+        prefix.insert(key, block)
+    core = EngineCore(cache, frozenset(), 64, 1, None, prefix)
+    core.add_request(Request("r", prompt, SamplingParams(max_tokens=1)))
+    ((seq, _),) = core.propose()
+    assert seq.num_computed == 16 * len(blocks)
+    return seq.lineage[-1]
+
+
+def test_cached_blocks_hand_on_a_lineage_only_when_they_are_one_computation() -> None:
+    """Blocks written by different computations (block 0 by one request, block 1 by another that computed
+    its own block 0 under another plan) are no single computation: their lineage is unknown."""
+    kv = torch.zeros(1, 2, 16, 1, 4)
+    a0, a1, b0, b1 = (bytes([i]) * 16 for i in range(1, 5))
+    prompt = list(range(3, 40))
+    assert admitted_lineage([CachedBlock(kv, a0, LINEAGE_ROOT), CachedBlock(kv, a1, a0)], prompt) == a1
+    assert admitted_lineage([CachedBlock(kv, a0, LINEAGE_ROOT), CachedBlock(kv, b1, b0)], prompt) is None
+    assert admitted_lineage([CachedBlock(kv, None, LINEAGE_ROOT)], prompt) is None
+
+
+def test_a_shape_only_request_is_refused_where_a_prefix_cache_would_publish_it() -> None:
+    core = EngineCore(KVCache(1, 2, 1, 4, torch.float32), frozenset(), 64, 1, None, PrefixCache())
+    with pytest.raises(ValueError, match="shape-only"):
+        core.add_request(Request(("filler", 0), [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True),
+                                 shape_only=True))
 
 
 @pytest.fixture(scope="module")

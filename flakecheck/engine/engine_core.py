@@ -14,7 +14,7 @@ from typing import Any
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.prefix_cache import CachedBlock, PrefixCache
 from flakecheck.engine.scheduler import Scheduler
-from flakecheck.engine.sequence import Completion, SamplingParams, SeqStatus, Sequence
+from flakecheck.engine.sequence import LINEAGE_ROOT, Completion, SamplingParams, SeqStatus, Sequence
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,9 @@ class EngineCore:
         return not self.scheduler.waiting and all(s.num_computed >= s.num_prompt for s in self.scheduler.running)
 
     def add_request(self, request: Request, context_name: str = "context") -> None:
+        if request.shape_only and self.prefix_cache is not None:
+            raise ValueError(f"request {request.request_id!r}: a shape-only request would publish keys and values "
+                             "nobody computed to the prefix cache")
         seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival,
                        request.cache_salt, shape_only=request.shape_only)
         if seq.max_length > self.max_context:
@@ -89,7 +92,7 @@ class EngineCore:
                 self.cache.load(seq.slot, i * self.prefix_cache.block_size, block.kv)
             seq.num_computed = seq.cached_prompt_tokens = len(blocks) * self.prefix_cache.block_size
             if blocks:
-                seq.lineage = [None] * (seq.num_computed - 1) + [blocks[-1].lineage]
+                seq.lineage = [None] * (seq.num_computed - 1) + [_loaded_lineage(blocks)]
             self.stats.prefix_hit_tokens += seq.cached_prompt_tokens
 
     def propose(self) -> Scheduled:
@@ -172,6 +175,19 @@ class EngineCore:
         assert self.prefix_cache is not None and seq.slot is not None
         size = self.prefix_cache.block_size
         for index, key in self.prefix_cache.missing(seq.prompt_ids, seq.cache_salt):
-            end = (index + 1) * size
+            start, end = index * size, (index + 1) * size
             lineage = seq.lineage[end - 1] if len(seq.lineage) >= end else None
-            self.prefix_cache.insert(key, CachedBlock(self.cache.read(seq.slot, end - size, end), lineage))
+            parent = LINEAGE_ROOT if start == 0 else (seq.lineage[start - 1] if len(seq.lineage) >= start else None)
+            self.prefix_cache.insert(key, CachedBlock(self.cache.read(seq.slot, start, end), lineage, parent))
+
+
+def _loaded_lineage(blocks: list[CachedBlock]) -> bytes | None:
+    """The lineage of a run of cached blocks: the last one's, when each block was computed on exactly the
+    keys and values of the block before it; None (unknown) when the blocks came from different computations
+    (two writers, or an evicted block rewritten) and so match no single one."""
+    previous: bytes | None = LINEAGE_ROOT
+    for block in blocks:
+        if block.lineage is None or block.parent != previous:
+            return None
+        previous = block.lineage
+    return previous

@@ -116,11 +116,11 @@ class Lockstep:
         members: list[Member] = []
         for member, scheduled in proposals:
             step = self.runner.plan(scheduled, member.policy)
-            rows, seqs = self.sharing.plan(current, step)
+            rows, seqs = self.sharing.arrange(current, step)
             if current.steps and current.builder.num_rows + rows > self.max_rows:
                 self._run(current, members)
                 current, members = self.sharing.new_pass(), []
-                rows, seqs = self.sharing.plan(current, step)
+                rows, seqs = self.sharing.arrange(current, step)
             self.sharing.add(current, step, seqs)
             members.append(member)
         self._run(current, members)

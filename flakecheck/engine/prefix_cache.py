@@ -22,11 +22,13 @@ def block_hashes(token_ids: list[int], block_size: int = BLOCK_SIZE, salt: str |
 
 @dataclass(frozen=True)
 class CachedBlock:
-    """One block's keys and values [layers, 2, block, kv_heads, head_dim], and the lineage digest of its
-    last position (what they are the result of; None when the writer did not track it)."""
+    """One block's keys and values [layers, 2, block, kv_heads, head_dim], the lineage digest of its last
+    position (what they are the result of) and of the position before it (the keys and values they were
+    computed on); None when the writer did not track them."""
 
     kv: torch.Tensor
     lineage: bytes | None = None
+    parent: bytes | None = None
 
 
 class PrefixCache:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+LINEAGE_ROOT = bytes(16)  # the lineage digest before a sequence's first position: no keys and values yet
+
 
 class SeqStatus(Enum):
     WAITING = "waiting"

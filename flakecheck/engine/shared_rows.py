@@ -35,10 +35,9 @@ import torch
 from flakecheck.engine.engine_core import Sampled
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.model_runner import BatchBuilder, PlannedStep
-from flakecheck.engine.sequence import SeqStatus, Sequence
+from flakecheck.engine.sequence import LINEAGE_ROOT, SeqStatus, Sequence
 from flakecheck.kernels import StepPlan
 
-ROOT = bytes(16)  # the lineage before a sequence's first position: no keys and values yet
 # what a shape-only sequence "samples": nothing reads it, and its length does not depend on it
 UNREAD = Sampled(0, 0, math.nan, math.nan, math.nan)
 
@@ -65,7 +64,7 @@ class SeqRows:
     seq: Sequence
     start: int
     n: int
-    keys: list[bytes]  # empty for a shape-only sequence: nothing of it is computed
+    digests: list[bytes]  # empty for a shape-only sequence: nothing of it is computed
     sources: list[int | Source] = field(default_factory=list)
     sample_row: int | None = None
     reused: Sampled | None = None
@@ -103,7 +102,7 @@ class RowSharing:
     def digests(self, seq: Sequence, n: int, plan: StepPlan) -> list[bytes]:
         """The lineage digests of `seq`'s next n positions computed under `plan`."""
         start = seq.num_computed
-        previous = ROOT if start == 0 else (seq.lineage[start - 1] if len(seq.lineage) >= start else None)
+        previous = LINEAGE_ROOT if start == 0 else (seq.lineage[start - 1] if len(seq.lineage) >= start else None)
         if previous is None:  # keys and values of unknown origin: its rows match no other
             previous = os.urandom(16)
         # a row's keys, values and hidden state follow the plan's body; the LM head and final norm orders
@@ -121,7 +120,7 @@ class RowSharing:
         source = self.computed.get(key)
         return source if source is not None and source.valid else None
 
-    def plan(self, current: SharedPass, step: PlannedStep) -> tuple[int, list[SeqRows]]:
+    def arrange(self, current: SharedPass, step: PlannedStep) -> tuple[int, list[SeqRows]]:
         """How many rows `step` would add to `current`, and what each of its sequences shares (rows of this
         pass, its own step included, or earlier computations). Packs nothing."""
         rows: dict[bytes, int] = {}  # rows this step would compute, at the packed rows they would get
@@ -133,7 +132,7 @@ class RowSharing:
                 seqs.append(entry)
                 continue
             entry = SeqRows(seq, seq.num_computed, n, self.digests(seq, n, step.plan))
-            for key in entry.keys:
+            for key in entry.digests:
                 source = current.rows.get(key, rows.get(key))
                 if source is None:
                     source = self._earlier(key)
@@ -142,13 +141,13 @@ class RowSharing:
                 entry.sources.append(source)
             if entry.samples and len(entry.sources) == n:
                 source = entry.sources[-1]
-                entry.reused = self.sampled.get((entry.keys[-1], step.plan.lm_head, step.plan.final))
+                entry.reused = self.sampled.get((entry.digests[-1], step.plan.lm_head, step.plan.final))
                 if entry.reused is None and isinstance(source, int):
                     entry.sample_row = source  # sampled again from the row this pass computes
                 elif entry.reused is None:  # computed earlier, never sampled under this plan: compute it here
                     entry.sources.pop()
             for i in range(len(entry.sources), n):
-                rows.setdefault(entry.keys[i], next_row)
+                rows.setdefault(entry.digests[i], next_row)
                 next_row += 1
             if entry.samples and entry.reused is None and len(entry.sources) < n:
                 entry.sample_row = next_row - 1
@@ -156,7 +155,7 @@ class RowSharing:
         return next_row - current.builder.num_rows, seqs
 
     def add(self, current: SharedPass, step: PlannedStep, seqs: list[SeqRows]) -> None:
-        """Pack `step` into `current` as `plan` decided."""
+        """Pack `step` into `current` as `arrange` decided."""
         builder, length = current.builder, self.cache.length
         builder.begin_step()
         for entry in seqs:
@@ -172,11 +171,11 @@ class RowSharing:
                     assert source.seq.slot is not None
                     current.copies.append((source.seq.slot * length + source.position, seq.slot * length + start + i))
             computed = len(entry.sources)
-            if computed < len(entry.keys):
+            if computed < len(entry.digests):
                 first = builder.num_rows
-                builder.add(seq, start + computed, start + len(entry.keys), step.plan.kv_split)
-                for i in range(computed, len(entry.keys)):
-                    current.rows.setdefault(entry.keys[i], first + i - computed)
+                builder.add(seq, start + computed, start + len(entry.digests), step.plan.kv_split)
+                for i in range(computed, len(entry.digests)):
+                    current.rows.setdefault(entry.digests[i], first + i - computed)
             if entry.sample_row is not None:
                 builder.sample(entry.sample_row)
             current.shared += computed
@@ -203,18 +202,18 @@ class RowSharing:
                     next_sample += 1
                 if result is not None:
                     out.append(result)
-                if entry.keys:
+                if entry.digests:
                     if result is not None:
-                        self.sampled.setdefault((entry.keys[-1], step.plan.lm_head, step.plan.final), result)
+                        self.sampled.setdefault((entry.digests[-1], step.plan.lm_head, step.plan.final), result)
                     self._record(entry)
             per_step.append(out)
         return per_step
 
     def _record(self, entry: SeqRows) -> None:
         seq = entry.seq
-        for i, key in enumerate(entry.keys):
+        for i, key in enumerate(entry.digests):
             known = self.computed.get(key)
             if known is None or not known.valid:
                 self.computed[key] = Source(seq, entry.start + i)
         del seq.lineage[entry.start:]
-        seq.lineage.extend(entry.keys)
+        seq.lineage.extend(entry.digests)

@@ -97,7 +97,8 @@ def replay_line(meta: dict) -> str | None:
     took = f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
     if mode == "simulated" and stats.get("steps") and stats.get("forward_passes"):
         shared = stats.get("shared_rows") or 0
-        rows = f" ({shared:,} of {shared + stats.get('rows', 0):,} rows computed once for several)" if shared else ""
+        total = shared + stats.get("rows", 0) + stats.get("skipped_rows", 0)
+        rows = f" ({shared:,} of {total:,} rows computed once for several)" if shared else ""
         return (f"replay: simulated, {stats['steps']:,} engine steps of every composition in "
                 f"{stats['forward_passes']:,} shared forward passes{rows}, {took}")
     return f"replay: {mode}, {took}"
