@@ -246,8 +246,8 @@ class RunDirectory:
 
     def write_explain(self, attribution: list[dict[str, Any]], fixes: list[dict[str, Any]] | None,
                       info: dict[str, Any]) -> None:
-        """What `flakecheck explain` found. explain.json goes last and names the tables it belongs with, so a
-        crash part-way leaves a directory every reader sees as not explained (explain.json goes first)."""
+        """What `flakecheck explain` found. The old explain.json is removed first and the new one, naming the tables
+        it belongs with, written last: a crash part-way leaves a directory every reader sees as not explained."""
         (self.path / self.EXPLAIN).unlink(missing_ok=True)
         write_table(self.path / self.ATTRIBUTION, to_table(attribution, ATTRIBUTION_SCHEMA))
         if fixes is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -140,26 +141,31 @@ def test_resume_refuses_changed_settings(tiny_bf16, tiny_suite, tmp_path, monkey
                              resume=True, html=False)
 
 
-def cli_run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["flakecheck", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
-def run_cli(argv: list[str], capfd) -> tuple[int, str]:
-    """The CLI's exit code and everything it wrote to the file descriptors (subprocesses included)."""
+def _exit_code(argv: Sequence[str]) -> int:
+    """`flakecheck ARGV` in this process; its exit code."""
     old = sys.argv
     sys.argv = ["flakecheck", *argv]
     try:
         with pytest.raises(SystemExit) as exit_info:
             cli.main()
+            raise SystemExit(0)
     finally:
         sys.argv = old
+    return int(exit_info.value.code or 0)
+
+
+def cli_run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """The CLI's exit code, stdout and stderr (of this process)."""
+    code = _exit_code(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def run_cli(argv: list[str], capfd) -> tuple[int, str]:
+    """The CLI's exit code and everything it wrote to the file descriptors (subprocesses included)."""
+    code = _exit_code(argv)
     captured = capfd.readouterr()
-    return int(exit_info.value.code or 0), captured.out + captured.err
+    return code, captured.out + captured.err
 
 
 BAD_SUITES = {

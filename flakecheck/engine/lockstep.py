@@ -120,7 +120,7 @@ class Lockstep:
             if current.steps and current.builder.num_rows + rows > self.max_rows:
                 self._run(current, members)
                 current, members = self.sharing.new_pass(), []
-                rows, seqs = self.sharing.arrange(current, step)
+                rows, seqs = self.sharing.arrange(current, step, [entry.digests for entry in seqs])
             self.sharing.add(current, step, seqs)
             members.append(member)
         self._run(current, members)

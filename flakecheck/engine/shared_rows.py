@@ -120,18 +120,21 @@ class RowSharing:
         source = self.computed.get(key)
         return source if source is not None and source.valid else None
 
-    def arrange(self, current: SharedPass, step: PlannedStep) -> tuple[int, list[SeqRows]]:
+    def arrange(self, current: SharedPass, step: PlannedStep,
+                digests: list[list[bytes]] | None = None) -> tuple[int, list[SeqRows]]:
         """How many rows `step` would add to `current`, and what each of its sequences shares (rows of this
-        pass, its own step included, or earlier computations). Packs nothing."""
+        pass, its own step included, or earlier computations). Packs nothing. `digests`: the step's, from an
+        earlier arrangement (a step that moves on to the next pass is not hashed again)."""
         rows: dict[bytes, int] = {}  # rows this step would compute, at the packed rows they would get
         next_row, seqs = current.builder.num_rows, []
-        for seq, n in step.scheduled:
+        for i, (seq, n) in enumerate(step.scheduled):
             if seq.shape_only:
                 entry = SeqRows(seq, seq.num_computed, n, [])
                 entry.reused = UNREAD if entry.samples else None
                 seqs.append(entry)
                 continue
-            entry = SeqRows(seq, seq.num_computed, n, self.digests(seq, n, step.plan))
+            entry = SeqRows(seq, seq.num_computed, n,
+                            digests[i] if digests is not None else self.digests(seq, n, step.plan))
             for key in entry.digests:
                 source = current.rows.get(key, rows.get(key))
                 if source is None:

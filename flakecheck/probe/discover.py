@@ -126,6 +126,3 @@ def check_prompts(cases: list[CasePrompt]) -> list[CasePrompt]:
     for case in cases:
         firsts.setdefault(case.api, case)
     return list(firsts.values())
-
-
-
