@@ -184,3 +184,26 @@ def test_a_shape_only_request_shapes_its_steps_without_being_computed(wide) -> N
         assert same(by_id[completion.request_id], completion)
     assert len(by_id[("filler", 0)].token_ids) == 7  # it ran its whole length, uncomputed
     assert lockstep.stats.skipped_rows == len(filler.prompt_ids) + 7 - 1
+
+
+def test_rows_are_handed_on_by_any_sequence_that_still_holds_them(wide) -> None:
+    """Three serial cores with the same prompt and two KV slots: the first computes the prompt and finishes,
+    the second shared its rows and runs longer; the third, admitted in the first's slot, copies every row from
+    the second (the first no longer holds them) and computes nothing, with the bits it gets alone."""
+    ps = prompts(1)
+    short, third, longer = (SamplingParams(max_tokens=n, ignore_eos=True) for n in (1, 6, 9))
+    config = wide.config
+    cache = KVCache(config.num_layers, 2, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
+    lockstep = Lockstep(build_model(wide, get_ops("splitk")), cache)
+    results: dict[str, list[Completion]] = {}
+    for name, params in (("first", short), ("second", longer), ("third", third)):
+        core = EngineCore(cache, wide.eos_token_ids, config.max_context, 1)
+        core.add_request(Request(name, ps[0], params))
+        lockstep.add(Member(core, results.setdefault(name, []).append))
+    lockstep.run()
+
+    assert same(results["third"][0], alone(wide, [Request("third", ps[0], third)], 1)[0])
+    assert same(results["second"][0], alone(wide, [Request("second", ps[0], longer)], 1)[0])
+    # computed: the prompt once and the second's decode rows; the third's rows were all the second's
+    assert lockstep.stats.rows == len(ps[0]) + longer.max_tokens - 1
+    assert lockstep.stats.shared_rows == len(ps[0]) + (len(ps[0]) + third.max_tokens - 1)

@@ -8,10 +8,10 @@ cache's blocks). Rows with equal digests are the same computation bit for bit: `
 request that finds nothing cached prefill the same prompt under the same plans; two requests that
 share a system prompt prefill its rows identically whenever their steps pick the same plans. Such a
 row is computed once: a pass's first occurrence writes its keys and values into every sequence that
-needs them, and a row an earlier pass already computed is copied from the sequence that computed it
-while that sequence still holds its cache slot. The LM head and final norm orders do not enter a row's
-digest (they shape only what a sampling row samples): a sampling row reuses a token sampled from the same
-row under the same two orders, or samples again from the row this pass computes.
+needs them, and a row an earlier pass already computed is copied from a sequence that still holds it in
+its cache slot (the one that computed it, or one that was handed it). The LM head and final norm orders
+do not enter a row's digest (they shape only what a sampling row samples): a sampling row reuses a token
+sampled from the same row under the same two orders, or samples again from the row this pass computes.
 
 A shape-only sequence (a filler: fixed length, no prefix cache to hand its keys and values on) is scheduled
 — its rows count in its steps' shapes, hence in their plans — but never computed: no other row reads it.
@@ -91,7 +91,9 @@ class RowSharing:
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
-        self.computed: dict[bytes, Source] = {}
+        # every sequence that holds a digest's keys and values (it computed them, or had them copied in):
+        # when the first finishes, a later one that still runs can hand them on
+        self.holders: dict[bytes, list[Source]] = {}
         # (digest, LM head order, final norm order) -> the token sampled from that row's logits
         self.sampled: dict[tuple[bytes, int, int], Sampled] = {}
         self._plans: dict[tuple[object, ...], bytes] = {}
@@ -117,8 +119,14 @@ class RowSharing:
         return keys
 
     def _earlier(self, key: bytes) -> Source | None:
-        source = self.computed.get(key)
-        return source if source is not None and source.valid else None
+        holders = self.holders.get(key)
+        if holders is None:
+            return None
+        holders[:] = [source for source in holders if source.valid]
+        if not holders:
+            del self.holders[key]  # no slot holds these rows any more
+            return None
+        return holders[0]
 
     def arrange(self, current: SharedPass, step: PlannedStep,
                 digests: list[list[bytes]] | None = None) -> tuple[int, list[SeqRows]]:
@@ -215,8 +223,6 @@ class RowSharing:
     def _record(self, entry: SeqRows) -> None:
         seq = entry.seq
         for i, key in enumerate(entry.digests):
-            known = self.computed.get(key)
-            if known is None or not known.valid:
-                self.computed[key] = Source(seq, entry.start + i)
+            self.holders.setdefault(key, []).append(Source(seq, entry.start + i))
         del seq.lineage[entry.start:]
         seq.lineage.extend(entry.digests)
