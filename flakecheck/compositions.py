@@ -72,6 +72,12 @@ class Composition:
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
 
+    @property
+    def cases_alone(self) -> bool:
+        """Whether each case computes alone: one request a step and no prefix cache, so no other case or
+        filler reaches its steps or its keys and values."""
+        return self.max_batch == 1 and not self.prefix_cache
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["fillers"]["prompt_len"] = list(self.fillers.prompt_len)

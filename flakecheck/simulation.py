@@ -162,9 +162,7 @@ class _Builder:
         reported = [c for c in self.case_ids if job.cases is None or c in job.cases]
         run = RunTraces(composition, job.repeat, reported, name=job.name)
         self.runs[(job.name, job.repeat)] = run
-        if composition.max_batch > 1:
-            self._whole(job, [run], requests)
-        elif not composition.prefix_cache:
+        if composition.cases_alone:
             for request in requests:
                 if isinstance(request.request_id, tuple) or str(request.request_id) not in reported:
                     continue  # fillers and other cases never share a step with a case of a serial composition
@@ -176,6 +174,8 @@ class _Builder:
                     self.lockstep.add(Member(core, self.listener(self.serial[key]), policy=job.policy,
                                              done=self.wanted(core, self.serial[key], [key[0]])))
                 self.serial[key].append(run)
+        elif composition.max_batch > 1:
+            self._whole(job, [run], requests)
         else:
             self._serial_with_prefix(job, run, requests)
 

@@ -144,7 +144,7 @@ def needed_cases(composition: Composition, case_id: str, all_ids: list[str]) -> 
     """The suite lines a composition needs to replay a case as the run did: the case alone when it is serial
     without a prefix cache (nothing else shares its steps); else every case of the run, in order (batch-mates,
     arrival order, fillers and prefix-cache contents all depend on them)."""
-    if composition.max_batch == 1 and not composition.prefix_cache:
+    if composition.cases_alone:
         return [case_id]
     return list(all_ids)
 

@@ -46,7 +46,7 @@ class Variant:
 def computation_key(variant: Variant) -> tuple[Any, ...]:
     """Equal for two variants exactly when they compute the same tokens (see the module docstring)."""
     c = variant.composition
-    if c.max_batch == 1 and not c.prefix_cache:
+    if c.cases_alone:
         return ("serial", c.chunk, variant.policy)
     fields = c.to_dict()
     fields.pop("name")
