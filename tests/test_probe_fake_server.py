@@ -186,6 +186,20 @@ def test_fillers_keep_more_requests_in_flight(fake, tmp_path: Path) -> None:
     assert run.meta["server"]["levels"]["c4+f6"]["fillers_sent"] >= 6
 
 
+def test_failed_fillers_lose_no_result_and_are_reported(fake, tmp_path: Path, capfd) -> None:
+    url, behaviour, record = fake
+    behaviour.fail_salt = "-filler-"  # every filler gets HTTP 500; the cases are answered
+    out = tmp_path / "run"
+    code, output = run_cli(["probe", str(write_suite(tmp_path / "s.jsonl")), "--endpoint", url, "--out", str(out),
+                            "--concurrency", "1,2", "--fillers", "2", "--retries", "0", "--no-html"], capfd)
+    assert code == 0
+    level = load_run(out).meta["server"]["levels"]["c2+f2"]
+    assert 0 < level["fillers_failed"] <= level["fillers_sent"]  # the last may be cancelled in flight
+    assert level["filler_errors"] and all("HTTP 500" in e for e in level["filler_errors"])
+    assert f"level c2+f2: {level['fillers_failed']} of {level['fillers_sent']} filler requests failed" in output
+    assert "level c1" not in output  # the reference level has no fillers
+
+
 def test_a_request_that_fails_for_good_stops_the_probe_and_resume_continues(fake, tmp_path: Path) -> None:
     url, behaviour, record = fake
     out = tmp_path / "run"

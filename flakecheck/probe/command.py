@@ -17,6 +17,7 @@ def probe_from_cli(*, suite: Path, concurrency: str, ids: str | None, quiet: boo
     from rich.console import Console
     from rich.markup import escape
 
+    from flakecheck.console import output_console
     from flakecheck.reports.terminal import render_summary, summary_line
 
     config = ProbeConfig(suite, concurrency=tuple(parse_concurrency(concurrency)), ids=parse_ids(ids), **options)
@@ -31,6 +32,20 @@ def probe_from_cli(*, suite: Path, concurrency: str, ids: str | None, quiet: boo
     if quiet:
         print(summary_line(run))  # one line whatever the terminal width: scripts grep it
         return
-    console = Console()
+    console = output_console()
     console.print(escape(line), soft_wrap=True)
+    for warning in filler_warnings(server["levels"]):
+        Console(stderr=True).print(f"[yellow]{escape(warning)}[/yellow]", soft_wrap=True)
     render_summary(run, console)
+
+
+def filler_warnings(levels: dict[str, dict[str, Any]]) -> list[str]:
+    """A line for each load level whose filler requests failed: the load was lighter than asked."""
+    lines = []
+    for label, level in levels.items():
+        failed, sent = level.get("fillers_failed") or 0, level.get("fillers_sent") or 0
+        if failed:
+            first = (level.get("filler_errors") or ["no message"])[0]
+            lines.append(f"level {label}: {failed} of {sent} filler requests failed, so it ran under less load than "
+                         f"asked (first: {first})")
+    return lines

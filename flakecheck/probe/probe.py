@@ -39,6 +39,10 @@ from flakecheck.traces import Trace
 T = TypeVar("T")
 
 
+# what meta.json keeps of each load level (filler failures: that level ran under less load than asked)
+LEVEL_FIELDS = ("seconds", "fillers_sent", "fillers_failed", "filler_errors")
+
+
 class ProbeInterrupted(Exception):
     """Ctrl-C during a probe: finished levels are saved; the message says how to resume."""
 
@@ -191,7 +195,7 @@ def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_facto
             level_traces, extras = saved
             traces.extend(level_traces)
             tally.seconds += extras["seconds"]
-            tally.levels[label] = {k: extras.get(k) for k in ("seconds", "fillers_sent", "fillers_failed")}
+            tally.levels[label] = {k: extras.get(k) for k in LEVEL_FIELDS}
             for trace in level_traces:
                 answer = extras["answers"][trace.case_id]
                 texts[tuple(trace.token_ids)] = answer["text"]
