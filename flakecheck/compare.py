@@ -131,11 +131,12 @@ def compare_command(path_a: Path, path_b: Path, json_out: bool = False) -> int:
 
 
 def render(result: Comparison) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    from flakecheck.console import output_console
+
+    console = output_console()
     a, b = result.run_a, result.run_b
     for tag, run in (("A", a), ("B", b)):
         what = run["endpoint"] or f"{run['model']} ({run['policy']})"

@@ -36,6 +36,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from flakecheck.console import output_console
 from flakecheck.errors import UserError
 from flakecheck.junit import write_junit
 from flakecheck.quarantine import QuarantineEntry, load_quarantine
@@ -127,7 +128,7 @@ def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | N
         except OSError as exc:
             raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from exc
     _append_step_summary(text)
-    print_result(result, Console())
+    print_result(result, output_console())
     return 0 if result.passed else 1
 
 

@@ -6,10 +6,10 @@ import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 
 from flakecheck.config import parse_ids
+from flakecheck.console import output_console
 from flakecheck.grader import DEFAULT_TIMEOUT_S
 
 
@@ -34,7 +34,7 @@ def explain_from_cli(run_dir: Path, ids: str | None, json_out: bool, steps_after
         sys.stdout.write(json.dumps({"run_dir": str(run.path), **(explain_dict(found) or {})}, indent=2,
                                     ensure_ascii=False, allow_nan=False) + "\n")
         return 0
-    console = Console()
+    console = output_console()
     if not found.cases:
         console.print(f"no diverged case to explain in {escape(str(run.path))}: every case gave the same tokens "
                       "under every composition")

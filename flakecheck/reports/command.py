@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from flakecheck.console import output_console
 from flakecheck.errors import UserError
 from flakecheck.reports.html import write_html
 from flakecheck.reports.json_report import render_json
@@ -24,7 +25,7 @@ def report_command(run_dir: Path, format: str, html: Path | None, top: int) -> i
         raise UserError(f"--top must be >= 0, got {top}")
     run = load_run(run_dir)
     if format == "terminal":
-        console = Console()
+        console = output_console()
         render_summary(run, console, top=top)
     elif format == "markdown":
         sys.stdout.write(render_markdown(run, top))

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from flakecheck.console import output_console
 from flakecheck.rundir import RunData
 
 EXIT_REPORT_FAILED = 3
@@ -67,7 +68,7 @@ def show_finished_run(run: RunData, quiet: bool, error: ReportError | None = Non
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
         else:
-            render_summary(run, Console())
+            render_summary(run, output_console())
     except Exception as exc:  # same reason as write_report_html
         summary_failed = exc
     if error is not None:
