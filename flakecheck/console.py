@@ -6,12 +6,13 @@ import os
 
 from rich.console import Console
 
-PIPED_WIDTH = 120  # a CI log or a file is read in a wide window; rich's 80 columns would wrap every table
+PIPED_WIDTH = 120  # a CI log or a file is read in a wide window; rich's 80 columns would squeeze every table
 
 
 def output_console() -> Console:
-    """Standard output at the terminal's width; 120 columns when it is a pipe or a file (COLUMNS, if set, wins)."""
+    """Standard output at the terminal's width. A pipe or a file gets tables 120 columns wide (COLUMNS, if set,
+    wins) and lines of text unbroken, so a log can be searched for them."""
     console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        return Console(width=PIPED_WIDTH)
-    return console
+    if console.is_terminal:
+        return console
+    return Console(width=None if "COLUMNS" in os.environ else PIPED_WIDTH, soft_wrap=True)
