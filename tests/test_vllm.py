@@ -196,6 +196,13 @@ def test_compare_simulation_with_vllm(probe, simulation) -> None:
         in_b = case["case_id"] in diverged
         assert case["category"] == {(True, True): "both", (True, False): "a_only", (False, True): "b_only",
                                     (False, False): "neither"}[(in_a, in_b)]
-    auroc = result["auroc"]
-    assert (auroc["value"] is None) == (auroc["undefined_reason"] is not None)
-    assert auroc["value"] is None or 0.0 <= auroc["value"] <= 1.0
+    # the AUROC is the Mann-Whitney statistic of the simulation's risk against what vLLM did, from ranks
+    risk = sim_run.cases.set_index("case_id").risk.dropna()
+    positive = risk.index.isin(list(diverged))
+    auroc, n_pos, n_neg = result["auroc"], int(positive.sum()), int((~positive).sum())
+    assert (auroc["n_positive"], auroc["n_negative"]) == (n_pos, n_neg)
+    if n_pos and n_neg:
+        ranks = risk.rank(method="average")
+        assert auroc["value"] == pytest.approx((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    else:
+        assert auroc["value"] is None and auroc["undefined_reason"]
