@@ -133,13 +133,29 @@ def fbgemm_fixed_order_linear(x: torch.Tensor, pack: Fp16Packed) -> torch.Tensor
 def split_k_matmul(x32: torch.Tensor, w32: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
     """fp32 split-K: one partial GEMM per K range, partials summed in split order (as a GPU's
     split-K reduction over an fp32 workspace does). Rows are padded to ROW_BLOCK, which makes each
-    row's partials the same whatever M is (measured for 1..300 rows, strided K slices included)."""
+    row's partials the same whatever M is (measured for 1..300 rows, strided K slices included).
+
+    The equal-width ranges (all but a shorter last one, see profiles.split_bounds) run as one batched
+    GEMM over views of x and w: MKL gives every batch entry the bits of the 2-D GEMM on its slice
+    (tests/test_kernels_rows.py), in one call instead of one per split — the calls' fixed cost is
+    most of a small partial GEMM's."""
     m = x32.shape[0]
     xp = pad_rows(x32, ROW_BLOCK)
-    lo, hi = bounds[0]
-    acc = F.linear(xp[:, lo:hi], w32[:, lo:hi])
-    for lo, hi in bounds[1:]:
-        acc = acc + F.linear(xp[:, lo:hi], w32[:, lo:hi])
+    start, width = bounds[0][0], bounds[0][1] - bounds[0][0]
+    n = 1
+    while n < len(bounds) and bounds[n] == (start + n * width, start + (n + 1) * width):
+        n += 1
+    if n == 1:
+        acc = F.linear(xp[:, start : start + width], w32[:, start : start + width])
+    else:
+        end = start + n * width
+        partials = torch.bmm(xp[:, start:end].unflatten(1, (n, width)).transpose(0, 1),
+                             w32[:, start:end].unflatten(1, (n, width)).permute(1, 2, 0))
+        acc = partials[0] + partials[1]
+        for partial in partials[2:]:
+            acc.add_(partial)
+    for lo, hi in bounds[n:]:
+        acc.add_(F.linear(xp[:, lo:hi], w32[:, lo:hi]))
     return acc[:m]
 
 

@@ -4,10 +4,14 @@ every physical forward pass holds rows of many steps, each reduced in its own st
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
 from flakecheck.kernels import AttentionLayout, get_ops
 from flakecheck.kernels.layout import group_rows
 from flakecheck.kernels.plan import FIXED
+from flakecheck.kernels.profiles import split_bounds
+from flakecheck.kernels.torch_twins import ROW_BLOCK, pad_rows, split_k_matmul
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,6 +60,27 @@ def test_matmul_rows_alone_equal_rows_in_a_mixed_batch(rows: list[int], orders: 
     together = ops.linear(x[rows], w, groups=groups)
     for i, (row, order) in enumerate(zip(rows, row_orders)):
         assert torch.equal(together[i], ops.executor.linear(x[row : row + 1], w, order)[0]), (row, order)
+
+
+def split_k_by_definition(x32: torch.Tensor, w32: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+    """One 2-D GEMM per K range on rows padded to ROW_BLOCK, partials added in split order."""
+    xp = pad_rows(x32, ROW_BLOCK)
+    partials = [F.linear(xp[:, lo:hi], w32[:, lo:hi]) for lo, hi in bounds]
+    total = partials[0]
+    for partial in partials[1:]:
+        total = total + partial
+    return total[: x32.shape[0]]
+
+
+@pytest.mark.parametrize("n,k", [(960, HIDDEN), (HIDDEN, HIDDEN), (3072, HIDDEN), (HIDDEN, INTER)])
+def test_split_k_runs_each_range_as_its_own_gemm_would(n: int, k: int) -> None:
+    """The batched partial GEMMs give the bits of one GEMM per K range, for every split count and row count."""
+    w32 = _rand(n, k, scale=k**-0.5).float()
+    for m in (1, 3, 8, 13, 64, 300):
+        x32 = _rand(m, k).float()
+        for splits in range(1, 17):
+            bounds = split_bounds(k, splits)
+            assert torch.equal(split_k_matmul(x32, w32, bounds), split_k_by_definition(x32, w32, bounds)), (m, splits)
 
 
 @SETTINGS
