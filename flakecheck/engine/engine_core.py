@@ -176,9 +176,8 @@ class EngineCore:
         size = self.prefix_cache.block_size
         for index, key in self.prefix_cache.missing(seq.prompt_ids, seq.cache_salt):
             start, end = index * size, (index + 1) * size
-            lineage = seq.lineage[end - 1] if len(seq.lineage) >= end else None
-            parent = LINEAGE_ROOT if start == 0 else (seq.lineage[start - 1] if len(seq.lineage) >= start else None)
-            self.prefix_cache.insert(key, CachedBlock(self.cache.read(seq.slot, start, end), lineage, parent))
+            self.prefix_cache.insert(key, CachedBlock(self.cache.read(seq.slot, start, end), seq.lineage_before(end),
+                                                      seq.lineage_before(start)))
 
 
 def _loaded_lineage(blocks: list[CachedBlock]) -> bytes | None:

@@ -82,6 +82,12 @@ class Sequence:
     def max_length(self) -> int:
         return self.num_prompt + self.params.max_tokens
 
+    def lineage_before(self, position: int) -> bytes | None:
+        """The lineage digest of the keys and values before `position` (LINEAGE_ROOT at 0); None where unknown."""
+        if position == 0:
+            return LINEAGE_ROOT
+        return self.lineage[position - 1] if len(self.lineage) >= position else None
+
     def completion(self) -> Completion:
         return Completion(
             self.request_id,

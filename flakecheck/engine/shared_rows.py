@@ -35,7 +35,7 @@ import torch
 from flakecheck.engine.engine_core import Sampled
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.model_runner import BatchBuilder, PlannedStep
-from flakecheck.engine.sequence import LINEAGE_ROOT, SeqStatus, Sequence
+from flakecheck.engine.sequence import SeqStatus, Sequence
 from flakecheck.kernels import StepPlan
 
 # what a shape-only sequence "samples": nothing reads it, and its length does not depend on it
@@ -104,7 +104,7 @@ class RowSharing:
     def digests(self, seq: Sequence, n: int, plan: StepPlan) -> list[bytes]:
         """The lineage digests of `seq`'s next n positions computed under `plan`."""
         start = seq.num_computed
-        previous = LINEAGE_ROOT if start == 0 else (seq.lineage[start - 1] if len(seq.lineage) >= start else None)
+        previous = seq.lineage_before(start)
         if previous is None:  # keys and values of unknown origin: its rows match no other
             previous = os.urandom(16)
         # a row's keys, values and hidden state follow the plan's body; the LM head and final norm orders
@@ -119,14 +119,10 @@ class RowSharing:
         return keys
 
     def _earlier(self, key: bytes) -> Source | None:
-        holders = self.holders.get(key)
-        if holders is None:
-            return None
-        holders[:] = [source for source in holders if source.valid]
-        if not holders:
-            del self.holders[key]  # no slot holds these rows any more
-            return None
-        return holders[0]
+        holders = self.holders.get(key, [])
+        while holders and not holders[0].valid:  # its slot went to another sequence
+            holders.pop(0)
+        return holders[0] if holders else None
 
     def arrange(self, current: SharedPass, step: PlannedStep,
                 digests: list[list[bytes]] | None = None) -> tuple[int, list[SeqRows]]:
@@ -135,14 +131,14 @@ class RowSharing:
         earlier arrangement (a step that moves on to the next pass is not hashed again)."""
         rows: dict[bytes, int] = {}  # rows this step would compute, at the packed rows they would get
         next_row, seqs = current.builder.num_rows, []
-        for i, (seq, n) in enumerate(step.scheduled):
+        for index, (seq, n) in enumerate(step.scheduled):
             if seq.shape_only:
                 entry = SeqRows(seq, seq.num_computed, n, [])
                 entry.reused = UNREAD if entry.samples else None
                 seqs.append(entry)
                 continue
             entry = SeqRows(seq, seq.num_computed, n,
-                            digests[i] if digests is not None else self.digests(seq, n, step.plan))
+                            digests[index] if digests is not None else self.digests(seq, n, step.plan))
             for key in entry.digests:
                 source = current.rows.get(key, rows.get(key))
                 if source is None:
