@@ -31,11 +31,13 @@ from flakecheck.analysis import Thresholds
 from flakecheck.compositions import REFERENCE, Composition, resolve_compositions
 from flakecheck.config import RunConfig, config_from_options, parse_ids
 from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, load_model
+from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.finish import TokenTexts, write_run
 from flakecheck.grader import GraderSpec, grader_spec
 from flakecheck.grading import grade_run, memo_decode
 from flakecheck.input_format import encode_inputs, has_chat_template, resolve_inputs
+from flakecheck.machine.probes import ProbeDims
 from flakecheck.replay import CaseRequest, replay_runs
 from flakecheck.reports.finished import ReportError, show_finished_run, write_report_html
 from flakecheck.rundir import RunData, RunDirectory, load_run
@@ -53,6 +55,7 @@ class PreparedRun:
     config: RunConfig
     suite: Suite
     model: LoadedModel
+    spec: EngineSpec
     requests: list[CaseRequest]
     directory: RunDirectory
 
@@ -84,6 +87,10 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
     prepared = prepare(config, model, suite, resume)
     timings = {"load_s": time.perf_counter() - started}
     traces, timings["replay_s"], replayed = _replay(prepared, resume, progress)
+    if replayed.get("fallback") and progress:
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[yellow]warning: {replayed['fallback']}[/yellow]")
     with _interruptible(prepared):
         loaded = prepared.model
         texts = TokenTexts(memo_decode(lambda ids: decode_tokens(loaded, ids)), token_texts(loaded))
@@ -109,14 +116,13 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
     """Everything a run needs, checked before the first byte is written."""
     suite_obj = suite if suite is not None else load_suite(config.suite)
     suite_obj = suite_obj.select(list(config.ids) or None, config.limit)
-    if config.backend == "triton":
-        raise UserError("the engine runs on the CPU, where the Triton kernels run only under TRITON_INTERPRET=1 "
-                        "(slow; meant for small tests): use --backend torch or auto")
     if resume and config.out is None:
         raise UserError("--resume needs --out DIR (the interrupted run directory)")
     if config.grader:
         grader_spec(config.grader, config.grader_timeout)  # the program exists: fail before a long replay
     loaded = model if model is not None else load_model(config.model, config.dtype)
+    spec = resolve_engine(config.kernels, ProbeDims.of(loaded.config), backend=config.backend,
+                          profile=config.profile, dtype=config.dtype)
     context = loaded.config.max_context
     requests = case_requests(config, suite_obj, loaded)
     prompt_lengths = {r.case_id: len(r.prompt_ids) for r in requests}
@@ -130,7 +136,7 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
     config = config.with_changes(out=out)
     directory = RunDirectory(out)
     directory.begin(_fingerprint(config, suite_obj, loaded, requests), resume)
-    return PreparedRun(config, suite_obj, loaded, requests, directory)
+    return PreparedRun(config, suite_obj, loaded, spec, requests, directory)
 
 
 def case_requests(config: RunConfig, suite: Suite, model: LoadedModel) -> list[CaseRequest]:
@@ -164,7 +170,7 @@ def _replay(prepared: PreparedRun, resume: bool, show_progress: bool) -> tuple[l
     work = [(c, r) for r in range(config.repeat) for c in config.compositions]
     with ReplayProgress(len(work) * len(prepared.requests), enabled=show_progress) as bar, \
             _interruptible(prepared):
-        return replay_runs(prepared.model, config, prepared.requests, work, directory, resume, bar)
+        return replay_runs(prepared.model, config, prepared.spec, prepared.requests, work, directory, resume, bar)
 
 
 @contextlib.contextmanager
@@ -196,7 +202,7 @@ def token_texts(model: LoadedModel) -> Callable[[int], str]:
 
 
 def _meta(prepared: PreparedRun) -> dict[str, Any]:
-    import torch
+    from flakecheck.machine.fingerprint import in_force
 
     config, loaded = prepared.config, prepared.model
     return {
@@ -207,9 +213,8 @@ def _meta(prepared: PreparedRun) -> dict[str, Any]:
         "model_path": str(loaded.path),
         "architecture": loaded.config.architecture,
         "dtype": str(loaded.dtype).removeprefix("torch."),
-        "policy": config.kernels,
-        "backend": "torch",
-        "profile": config.profile,
+        "engine": prepared.spec.to_dict(),  # policy, backend, device, profile, the machine and what it verified
+        "pinning": in_force(),
         "max_tokens": config.max_tokens,
         "repeat": config.repeat,
         "compositions": [c.to_dict() for c in config.compositions],
@@ -217,8 +222,7 @@ def _meta(prepared: PreparedRun) -> dict[str, Any]:
         "input_format": resolve_inputs(prepared.suite, config.input_format,
                                        has_chat_template(loaded.tokenizer))[1].to_dict(),
         "grader": GraderSpec(config.grader, config.grader_timeout).to_dict() if config.grader else None,
-        "device": {"type": "cpu", "processor": platform.processor() or platform.machine(),
-                   "threads": torch.get_num_threads(), "platform": platform.platform()},
+        "platform": platform.platform(),
     }
 
 

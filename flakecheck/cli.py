@@ -191,17 +191,19 @@ def repro(
     raise typer.Exit(repro_from_cli(run_dir, case_id, out, suite))
 
 
-@kernels_app.command("check", help="Probe every op along every axis under each policy; exit 1 if the "
-                     "invariant policy fails a probe.\n\nExample: flakecheck kernels check --device cpu --json")
+@kernels_app.command("check", help="On this machine: which ops are batch-invariant under each policy, the "
+                     "machine's fingerprint, and what a run verifies and falls back to; exit 1 if the invariant "
+                     "policy is not invariant here.\n\nExample: flakecheck kernels check --json")
 def kernels_check(
     device: str = typer.Option("cpu", help="cpu | cuda"),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
     backend: str = typer.Option("auto", help="auto | torch | triton"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    fresh: bool = typer.Option(False, "--fresh", help="run the self-check again instead of reading its cache"),
 ) -> None:
-    from flakecheck.kernels.check import check_command
+    from flakecheck.machine.check import check_command
 
-    raise typer.Exit(check_command(device=device, dtype=dtype, backend=backend, json_out=json_out))
+    raise typer.Exit(check_command(device=device, dtype=dtype, backend=backend, json_out=json_out, fresh=fresh))
 
 
 @app.command(help="The built-in engine behind an OpenAI-compatible API (continuous batching, greedy, top-2 "

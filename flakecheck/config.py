@@ -19,9 +19,9 @@ from flakecheck.errors import UserError
 from flakecheck.grader import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grader import check_timeout, grader_argv
 from flakecheck.input_format import INPUT_FORMATS
+from flakecheck.kernels.policy import KernelPolicy
 
 DEFAULT_MODEL = "smollm2"
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
 REPLAY_MODES = ("auto", "simulated", "physical")
 
 
@@ -52,7 +52,7 @@ class RunConfig:
     suite: Path
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
-    kernels: str = "splitk"
+    kernels: KernelPolicy = KernelPolicy("splitk", "splitk", "splitk")  # a policy text is parsed once, here
     backend: str = "auto"
     profile: str = "h100"
     compositions: tuple[Composition, ...] = DEFAULT_COMPOSITIONS
@@ -75,27 +75,17 @@ class RunConfig:
         object.__setattr__(self, "grader", grader_argv(self.grader) if self.grader else ())
         object.__setattr__(self, "grader_timeout", check_timeout(self.grader_timeout))
         check_common(self, (("max_tokens", 1), ("gap_window", 1), ("repeat", 1)))
-        if self.dtype not in DTYPE_NAMES:
-            raise UserError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+        from flakecheck.engine.spec import check_settings, parse_kernels
+
+        object.__setattr__(self, "kernels", parse_kernels(self.kernels))
+        check_settings(self.backend, self.profile, self.dtype)
         if self.input_format not in INPUT_FORMATS:
             raise UserError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
         if self.replay not in REPLAY_MODES:
             raise UserError(f"--replay must be one of {', '.join(REPLAY_MODES)}, got {self.replay!r}")
-        from flakecheck.kernels.policy import parse_policy
-        from flakecheck.kernels.profiles import PROFILES
-        from flakecheck.kernels.registry import BACKENDS
-
-        try:
-            policy = parse_policy(self.kernels)
-        except ValueError as exc:
-            raise UserError(f"--kernels: {exc}") from None
-        if self.replay == "simulated" and policy.physical:
+        if self.replay == "simulated" and self.kernels.physical:
             raise UserError("--replay simulated: native kernels depend on the physical batch, so their "
                             "compositions can only be replayed physically (use --replay physical or auto)")
-        if self.backend not in BACKENDS:
-            raise UserError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.profile.lower() not in PROFILES:
-            raise UserError(f"unknown device profile {self.profile!r}; choose one of {', '.join(PROFILES)}")
 
     def with_changes(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
@@ -113,7 +103,7 @@ class RunConfig:
                            ("input_format", "--input-format")):
             value = getattr(self, name)
             if value != getattr(defaults, name):
-                args += [flag, str(value)]
+                args += [flag, value.name if isinstance(value, KernelPolicy) else str(value)]
         if self.compositions != defaults.compositions:
             for composition in self.compositions:
                 args += ["--composition", composition.to_spec()]
@@ -147,6 +137,8 @@ class RunConfig:
             value = getattr(self, f.name)
             if f.name == "compositions":
                 value = [c.to_dict() for c in value]
+            elif isinstance(value, KernelPolicy):
+                value = value.name
             elif isinstance(value, Path):
                 value = str(value)
             elif isinstance(value, tuple):
@@ -168,7 +160,7 @@ class RunConfig:
         """The settings that decide the traces (a resume must not change them). Thresholds and the grader
         only change the analysis, and simulated and physical replay give the same bits, so all may change."""
         return {
-            "model": self.model, "dtype": self.dtype, "kernels": self.kernels, "backend": self.backend,
+            "model": self.model, "dtype": self.dtype, "kernels": self.kernels.name, "backend": self.backend,
             "profile": self.profile, "max_tokens": self.max_tokens, "repeat": self.repeat,
             "compositions": [c.to_dict() for c in self.compositions], "input_format": self.input_format,
         }

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from flakecheck.compositions import Composition, arrival_order, make_fillers
 from flakecheck.engine import Completion, LLMEngine, LoadedModel, Request, SamplingParams, build_model
-from flakecheck.kernels import get_ops
 from flakecheck.traces import Trace
 
 if TYPE_CHECKING:
     from flakecheck.config import RunConfig
+    from flakecheck.engine.spec import EngineSpec
     from flakecheck.progress import ReplayProgress
     from flakecheck.rundir import RunDirectory
     from flakecheck.simulation import RunTraces
@@ -75,7 +75,7 @@ def replay(engine: LLMEngine, cases: Sequence[CaseRequest], composition: Composi
     return [traces[c.case_id] for c in cases]
 
 
-def replay_runs(model: LoadedModel, config: RunConfig, cases: Sequence[CaseRequest],
+def replay_runs(model: LoadedModel, config: RunConfig, spec: EngineSpec, cases: Sequence[CaseRequest],
                 work: Sequence[tuple[Composition, int]], directory: RunDirectory, resume: bool,
                 bar: ReplayProgress) -> tuple[list[Trace], float, dict[str, Any]]:
     """Every (composition, repeat) of a run, simulated together or replayed one after the other; each
@@ -83,9 +83,10 @@ def replay_runs(model: LoadedModel, config: RunConfig, cases: Sequence[CaseReque
     instead of replayed). Returns the traces in work order, the replay time, and how it replayed."""
     from flakecheck.analysis import run_label
 
-    ops = get_ops(config.kernels, config.backend, config.profile, "cpu")
+    ops = spec.ops()
     done: dict[tuple[str, int], list[Trace]] = {}
-    info: dict[str, Any] = {"mode": "simulated" if simulated(config) else "physical"}
+    mode, why = replay_mode(config, spec)
+    info: dict[str, Any] = {"mode": mode, **({"fallback": why} if why else {})}
     todo = []
     for composition, repeat in work:
         saved = directory.saved_traces(composition.name, repeat) if resume else None
@@ -95,7 +96,7 @@ def replay_runs(model: LoadedModel, config: RunConfig, cases: Sequence[CaseReque
         else:
             todo.append((composition, repeat))
     t0 = time.perf_counter()
-    if todo and simulated(config):
+    if todo and mode == "simulated":
         from flakecheck.simulation import simulate
 
         def finished_run(run: RunTraces) -> None:
@@ -117,9 +118,15 @@ def replay_runs(model: LoadedModel, config: RunConfig, cases: Sequence[CaseReque
     return [t for composition, repeat in work for t in done[(composition.name, repeat)]], replay_s, info
 
 
-def simulated(config: RunConfig) -> bool:
-    """Whether a run's compositions are simulated together: always unless asked for physical replay
-    or the kernels are the framework's own (their bits depend on the physical batch)."""
-    from flakecheck.kernels.policy import parse_policy
-
-    return config.replay == "simulated" or (config.replay == "auto" and not parse_policy(config.kernels).physical)
+def replay_mode(config: RunConfig, spec: EngineSpec) -> tuple[str, str | None]:
+    """How a run's compositions are replayed — simulated together unless asked for physical replay, the
+    kernels are the framework's own (their bits depend on the physical batch), or this machine's self-check
+    found a primitive whose rows depend on what shares the call — and why it fell back, if it did."""
+    if config.replay == "physical" or config.kernels.physical:
+        return "physical", None
+    if not spec.verification.simulated:
+        failed = ", ".join(spec.verification.failed)
+        return "physical", (f"simulated replay needs row-invariant kernels, and {failed} is not row-invariant "
+                            f"on this machine: replaying each composition physically (bitwise what simulated "
+                            f"replay promises, slower)")
+    return "simulated", None

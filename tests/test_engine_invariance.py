@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flakecheck.kernels import get_ops
 
 from flakecheck.engine.llm_engine import LLMEngine, Request, encode_prompt
 from flakecheck.engine.loader import load_model
 from flakecheck.engine.sequence import Completion, SamplingParams
+from tests.machine_paths import engine_ops
 
 QUESTIONS = [
     "What is the capital of France? Answer in one word, then explain why in a sentence or two.",
@@ -50,7 +50,7 @@ def _params() -> SamplingParams:
 
 @pytest.mark.parametrize("position", [0, 5])
 def test_invariant_request_is_identical_in_any_composition(tiny, position: int) -> None:
-    ops = get_ops("invariant", "torch")
+    ops = engine_ops("invariant", tiny.config)
     prompts = _prompts(tiny)
     target = prompts[0]
     alone = _fingerprint(_run(tiny, ops, [Request("t", target, _params())])["t"])
@@ -69,7 +69,7 @@ def test_invariant_request_is_identical_in_any_composition(tiny, position: int) 
 
 
 def test_invariant_request_is_identical_with_a_prefix_cache_hit(tiny) -> None:
-    ops = get_ops("invariant", "torch")
+    ops = engine_ops("invariant", tiny.config)
     target = _prompts(tiny)[0]
     alone = _fingerprint(_run(tiny, ops, [Request("t", target, _params())])["t"])
     engine = LLMEngine(tiny, ops, max_num_seqs=2, enable_prefix_caching=True)
@@ -80,7 +80,7 @@ def test_invariant_request_is_identical_with_a_prefix_cache_hit(tiny) -> None:
 
 
 def test_invariant_decode_logprobs_equal_teacher_forced_prefill(tiny) -> None:
-    ops = get_ops("invariant", "torch")
+    ops = engine_ops("invariant", tiny.config)
     target = _prompts(tiny)[3]
     decoded = _run(tiny, ops, [Request("t", target, _params())])["t"]
     for k in (1, 5, TOKENS - 1):  # prefill the prompt plus k generated tokens, predict token k+1
@@ -92,7 +92,7 @@ def test_invariant_decode_logprobs_equal_teacher_forced_prefill(tiny) -> None:
 
 @pytest.mark.parametrize("policy", ["native", "splitk", "invariant"])
 def test_every_policy_runs_the_engine_end_to_end(tiny, policy: str) -> None:
-    ops = get_ops(policy, "torch")
+    ops = engine_ops(policy, tiny.config)
     prompts = _prompts(tiny)[:4]
     done = _run(tiny, ops, [Request(i, p, _params()) for i, p in enumerate(prompts)], max_num_batched_tokens=9)
     assert sorted(done) == list(range(4))
@@ -122,12 +122,12 @@ def test_smollm2_invariant_identical_and_splitk_varies(smollm2) -> None:
     batch = [Request(i, p, params) for i, p in enumerate(prompts)]
     alone = Request(0, prompts[0], params)
 
-    inv = get_ops("invariant", "torch")
+    inv = engine_ops("invariant", smollm2.config)
     ref = _fingerprint(_run(smollm2, inv, [alone])[0])
     assert _fingerprint(_run(smollm2, inv, batch)[0]) == ref
     assert _fingerprint(_run(smollm2, inv, batch[::-1], max_num_batched_tokens=13)[0]) == ref
 
-    sk = get_ops("splitk", "torch", "h100")
+    sk = engine_ops("splitk", smollm2.config)
     sk_alone = _run(smollm2, sk, [alone])[0]
     sk_batch = _run(smollm2, sk, batch)[0]
     assert _fingerprint(_run(smollm2, sk, batch)[0]) == _fingerprint(sk_batch), "same composition, same bits"

@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from flakecheck.kernels import get_ops
-from flakecheck.kernels.policy import parse_policy
 
 import flakecheck
 from flakecheck.analysis import first_divergence
@@ -27,6 +25,8 @@ from flakecheck.explain.mechanisms import pairs
 from flakecheck.explain.repro import needed_cases, write_repro
 from flakecheck.explain.source import open_run, with_requests
 from flakecheck.explain.summary import LABELS
+from flakecheck.kernels import get_ops
+from flakecheck.kernels.policy import parse_policy
 from flakecheck.rundir import RunData
 from flakecheck.simulation import Job, Simulation
 from tests.test_run import cli_run

@@ -1,7 +1,7 @@
 """The fast fixed-order primitives of the invariant torch twin, probed directly.
 
 FBGEMM's fp16 GEMM is row-invariant only when no real row lands in its 1- or 2-row micro-kernel
-(kernels/torch_twins.py has the measurements); these tests hold the padding rule to that for
+(flakecheck/kernels/torch_twins.py has the measurements); these tests hold the padding rule to that for
 every M in 1..512 and any row position on SmolLM2's shapes, with weights that take the FBGEMM
 path (tests/test_kernels_twins.py's random lm_head may fall back to fp32), and check that
 attention computed by 64-key blocks does not depend on how far the batch's longest context
@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flakecheck.kernels import get_ops
-from flakecheck.kernels.check import attention_batch
-from flakecheck.kernels.torch_twins import fbgemm_fixed_order_linear, fbgemm_rows, fbgemm_rows_invariant
-from flakecheck.kernels.weights import fp16_pack
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
+from flakecheck.kernels.layout import AttentionLayout
+from flakecheck.kernels.torch_twins import fbgemm_fixed_order_linear, fbgemm_rows
+from flakecheck.kernels.weights import fp16_pack
+from tests import machine_paths
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 576, 1536, 9, 3, 64, 49152
 SHAPES = {"qkv": (HIDDEN, 960), "o_proj": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 2 * INTER),
           "down": (INTER, HIDDEN), "lm_head": (HIDDEN, VOCAB)}
 MAX_ROWS = 512
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-invariant = get_ops("invariant", "torch")
+invariant = machine_paths.ops("invariant")
 
-needs_fbgemm = pytest.mark.skipif(not fbgemm_rows_invariant(),
-                                  reason="FBGEMM fp16 padding not proven on this machine (fp32 fallback in use)")
+needs_fbgemm = pytest.mark.skipif(machine_paths.paths("invariant").fbgemm != "padded",
+                                  reason="the self-check rejected FBGEMM's padded fp16 GEMM on this machine "
+                                  "(the fp32 path runs instead)")
 
 
 def _rand(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -123,7 +125,7 @@ def kv(request):
 def _attend(kv, seqs: list[tuple[int, int, int]]) -> list[torch.Tensor]:
     q_all, k, v = kv
     q = torch.cat([q_all[s, c - n : c] for s, n, c in seqs])
-    batch = attention_batch(seqs, torch.device("cpu"))
+    batch = AttentionLayout.of(seqs)
     out = invariant.attention(q, k, v, batch, HEAD_DIM**-0.5)
     return [out[batch.query_starts[i] : batch.query_starts[i + 1]] for i in range(len(seqs))]
 

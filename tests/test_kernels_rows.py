@@ -7,17 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from flakecheck.kernels import AttentionLayout, get_ops
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flakecheck.kernels import AttentionLayout
 from flakecheck.kernels.layout import group_rows
 from flakecheck.kernels.plan import FIXED
 from flakecheck.kernels.profiles import split_bounds
 from flakecheck.kernels.torch_twins import ROW_BLOCK, pad_rows, split_k_matmul
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from tests import machine_paths
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 HIDDEN, INTER, VOCAB = 576, 1536, 4096
-ops = get_ops("splitk", "torch")  # the backend runs whatever order a group asks for
+ops = machine_paths.ops("splitk", "invariant")  # the backend runs whatever order a group asks for
 gen = torch.Generator().manual_seed(0)
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flakecheck.kernels import get_ops
-from flakecheck.kernels.check import attention_batch
-from flakecheck.kernels.policy import matmul_order
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
+from flakecheck.kernels.layout import AttentionLayout
+from flakecheck.kernels.policy import matmul_order
+from tests import machine_paths
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 576, 1536, 9, 3, 64, 49152
 # (K, N) of every projection of the model
@@ -20,8 +21,8 @@ SHAPES = {"qkv": (HIDDEN, 960), "o_proj": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 
 DTYPES = (torch.bfloat16, torch.float32)
 MAX_ROWS = 512
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-invariant = get_ops("invariant", "torch")
-splitk = get_ops("splitk", "torch", "h100")
+invariant = machine_paths.ops("invariant")
+splitk = machine_paths.ops("splitk")
 
 
 def _rand(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -82,7 +83,7 @@ def kv(request):
 def _attend(ops, kv, seqs: list[tuple[int, int, int]]) -> list[torch.Tensor]:
     q_all, k, v = kv
     q = torch.cat([q_all[s, c - n : c] for s, n, c in seqs])
-    batch = attention_batch(seqs, torch.device("cpu"))
+    batch = AttentionLayout.of(seqs)
     out = ops.attention(q, k, v, batch, HEAD_DIM**-0.5)
     return [out[batch.query_starts[i] : batch.query_starts[i + 1]] for i in range(len(seqs))]
 

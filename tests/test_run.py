@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 import flakecheck
 from flakecheck import api, cli
 from flakecheck.engine import LoadedModel, load_model
+from flakecheck.engine.spec import EngineSpec
 from flakecheck.errors import UserError
+from flakecheck.kernels.policy import parse_policy
 from flakecheck.rundir import RunDirectory, load_run
 
 QUESTIONS = [
@@ -65,8 +68,15 @@ def test_run_directory_matches_the_design(splitk_run) -> None:
     assert len(splitk_run.runs) == n_cases * n_comps
     assert len(splitk_run.tokens) == splitk_run.runs.n_tokens.sum()
     assert set(splitk_run.cases.status) <= {"stable", "fragile", "flaky", "verdict_flaky"}
-    for key in ("command", "versions", "device", "policy", "profile", "thresholds", "suite_sha256", "timings"):
+    for key in ("command", "versions", "engine", "pinning", "thresholds", "suite_sha256", "timings"):
         assert key in splitk_run.meta
+    # the engine is written once and read back typed: what computed the run, on which machine, what it verified
+    spec = EngineSpec.from_dict(splitk_run.meta["engine"])
+    assert spec.policy == parse_policy("splitk") and spec.device == "cpu" and spec.backend == "torch"
+    assert spec.machine.threads >= 1 and spec.machine.torch == torch.__version__
+    assert set(spec.verification.needed) == {"split_matmul", "attention", "norm", "softmax"}
+    assert spec.simulated == (splitk_run.meta["replay"] == "simulated")
+    assert "policy" not in splitk_run.meta and splitk_run.meta["config"]["kernels"] == "splitk"
     gaps = splitk_run.tokens.top1_logprob - splitk_run.tokens.top2_logprob
     assert (splitk_run.tokens.gap - gaps).abs().max() < 1e-6 and (splitk_run.tokens.gap >= 0).all()
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from flakecheck.kernels import StepPlan, get_ops
 
 from flakecheck.engine import Completion, EngineCore, LLMEngine, LoadedModel, Request, SamplingParams, load_model
 from flakecheck.engine.kv_cache import KVCache
@@ -18,6 +17,8 @@ from flakecheck.engine.lockstep import Lockstep, Member
 from flakecheck.engine.prefix_cache import CachedBlock, PrefixCache, block_hashes
 from flakecheck.engine.sequence import LINEAGE_ROOT, Sequence
 from flakecheck.engine.shared_rows import RowSharing
+from flakecheck.kernels import StepPlan
+from tests.machine_paths import engine_ops
 
 PLAN = StepPlan(projections=(((64, 64), 2),), lm_head=3, kv_split=256, norms=((1, 1),), final=1)
 
@@ -101,7 +102,8 @@ def prompts(n: int) -> list[list[int]]:
 
 
 def alone(model: LoadedModel, requests: list[Request], max_num_seqs: int, prefix: bool = False) -> list[Completion]:
-    engine = LLMEngine(model, get_ops("splitk"), max_num_seqs=max_num_seqs, enable_prefix_caching=prefix)
+    engine = LLMEngine(model, engine_ops("splitk", model.config), max_num_seqs=max_num_seqs,
+                       enable_prefix_caching=prefix)
     return engine.generate(requests)
 
 
@@ -118,7 +120,7 @@ def test_cores_that_compute_the_same_rows_compute_them_once_with_the_bits_of_eac
     (copied from the computing sequence's slot) rather than from the same pass."""
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     ps = prompts(3)
-    network = build_model(wide, get_ops("splitk"))
+    network = build_model(wide, engine_ops("splitk", wide.config))
     config = wide.config
     cache = KVCache(config.num_layers, 16, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
     lockstep = Lockstep(network, cache, max_rows)
@@ -172,7 +174,7 @@ def test_a_shape_only_request_shapes_its_steps_without_being_computed(wide) -> N
     want = alone(wide, [*cases, filler], 4)
     config = wide.config
     cache = KVCache(config.num_layers, 8, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
-    lockstep = Lockstep(build_model(wide, get_ops("splitk")), cache)
+    lockstep = Lockstep(build_model(wide, engine_ops("splitk", wide.config)), cache)
     core = EngineCore(cache, wide.eos_token_ids, config.max_context, 4)
     for request in [*cases, replace(filler, shape_only=True)]:
         core.add_request(request)
@@ -194,7 +196,7 @@ def test_rows_are_handed_on_by_any_sequence_that_still_holds_them(wide) -> None:
     short, third, longer = (SamplingParams(max_tokens=n, ignore_eos=True) for n in (1, 6, 9))
     config = wide.config
     cache = KVCache(config.num_layers, 2, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
-    lockstep = Lockstep(build_model(wide, get_ops("splitk")), cache)
+    lockstep = Lockstep(build_model(wide, engine_ops("splitk", wide.config)), cache)
     results: dict[str, list[Completion]] = {}
     for name, params in (("first", short), ("second", longer), ("third", third)):
         core = EngineCore(cache, wide.eos_token_ids, config.max_context, 1)

@@ -118,12 +118,22 @@ def _grader(source: RunSource, grader: str | Sequence[str] | None, timeout: floa
 
 
 def _network(source: RunSource, model: LoadedModel, replays: list[Replays]) -> LlamaForCausalLM:
-    """The run's kernels on the model, its weights prepared for every other policy a replay plans with."""
-    from flakecheck.kernels import get_ops
+    """The run's kernels on the model, on the paths this machine verified (explain replays here, perhaps on
+    another machine than the run's), its weights prepared for every other policy a replay plans with."""
+    from flakecheck.engine.spec import resolve_engine
+    from flakecheck.machine.probes import ProbeDims
 
-    others = sorted({variant.policy.name for r in replays for variant, _ in r.wanted.values()} - {source.policy.name})
+    others = {variant.policy for r in replays for variant, _ in r.wanted.values()} - {source.policy}
     config = source.config
-    return build_model(model, get_ops(config.kernels, config.backend, config.profile, "cpu", also_plans=tuple(others)))
+    spec = resolve_engine(config.kernels, ProbeDims.of(model.config), backend=config.backend, profile=config.profile,
+                          dtype=config.dtype, also=tuple(sorted(others, key=lambda p: p.name)))
+    recorded = (source.run.meta.get("engine") or {}).get("machine")
+    if recorded and recorded != spec.machine.to_dict():
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[yellow]warning: explain replays on {spec.machine.describe()}, not on the "
+                                   "machine that made the run: a replay can differ from the recorded tokens[/yellow]")
+    return build_model(model, spec.ops(also_plans=tuple(sorted(others, key=lambda p: p.name))))
 
 
 def _attribution(source: RunSource, divergences: list[Divergence], mechanism_pairs: dict[str, list[Pair]],

@@ -207,7 +207,7 @@ def _readme(source: RunSource, d: Divergence, expected: dict[str, Any], probe: s
 Recorded in {source.run.path.resolve()}: under composition {expected['label']!r} the case first diverges from the
 reference {source.reference.name!r} at generated token {d.step}: {expected['ref_token']!r} (reference) ->
 {expected['alt_token']!r} ({expected['label']}). Model {source.config.model}, {source.config.dtype}, kernels
-{source.config.kernels}.
+{source.config.kernels.name}.
 
 Run (from any directory; needs flakecheck installed, e.g. its virtual environment's python):
 

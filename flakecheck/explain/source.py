@@ -20,7 +20,7 @@ from flakecheck.compositions import Composition
 from flakecheck.config import RunConfig
 from flakecheck.engine import LoadedModel
 from flakecheck.errors import UserError
-from flakecheck.kernels.policy import KernelPolicy, parse_policy
+from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay import CaseRequest
 from flakecheck.rundir import RunData, load_run
 from flakecheck.suite import Suite, load_suite
@@ -101,9 +101,9 @@ def open_run(run_dir: str | Path, suite: str | Path | None = None) -> RunSource:
         config = RunConfig.from_dict(meta["config"])
     except (TypeError, ValueError, UserError) as exc:
         raise UserError(f"{where}: field 'config' does not describe a run: {exc}") from None
-    policy = parse_policy(config.kernels)
+    policy = config.kernels
     if policy.physical:
-        raise UserError(f"{where}: kernels {config.kernels!r} include the framework's own (native) kernels, whose "
+        raise UserError(f"{where}: kernels {policy.name!r} include the framework's own (native) kernels, whose "
                         "results depend on the physical batch: explain replays mechanisms one at a time in a "
                         "simulated lockstep, which needs the splitk or invariant orders")
     suite_obj = _suite(Path(suite) if suite is not None else config.suite, meta, where)

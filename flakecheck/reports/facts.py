@@ -63,15 +63,53 @@ class CompositionFacts:
     verdict_changes: int
 
 
+@dataclass(frozen=True)
+class EngineFacts:
+    """What computed the run, as every report names it: the engine's spec read back typed from meta.json's
+    `engine` block (a server's endpoint for a probe; the older flat fields for older run directories)."""
+
+    policy: str  # the policy's name, or "server"
+    backend: str
+    profile: str
+    op_orders: tuple[str, ...] = ()  # the orders of the policy's op classes (matmul, attention, norm)
+    machine: str | None = None  # the fingerprint's one-line description
+    verified: str | None = None  # the self-check's one-line summary
+
+    @property
+    def varies(self) -> bool:
+        """Whether some op class follows split-K orders (production-like variance)."""
+        return "splitk" in self.op_orders
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> EngineFacts:
+        engine = meta.get("engine")
+        if isinstance(engine, dict) and "verification" in engine:
+            from flakecheck.engine.spec import EngineSpec
+
+            spec = EngineSpec.from_dict(engine)
+            p = spec.policy
+            return cls(p.name, spec.backend, spec.profile, (p.matmul, p.attention, p.norm), spec.machine.describe(),
+                       spec.verification.summary())
+        policy = str(meta.get("policy", "?"))
+        orders: tuple[str, ...] = ()
+        if policy not in ("?", "server"):
+            from flakecheck.kernels.policy import parse_policy
+
+            try:
+                p = parse_policy(policy)
+                orders = (p.matmul, p.attention, p.norm)
+            except ValueError:
+                orders = ()
+        return cls(policy, str(meta.get("backend", "?")), str(meta.get("profile", "?")), orders)
+
+
 @dataclass
 class RunFacts:
     path: Path
     suite_name: str
     model: str
     dtype: str
-    policy: str
-    backend: str
-    profile: str
+    engine: EngineFacts
     reference: str
     gap_threshold: float
     gap_window: int
@@ -85,6 +123,18 @@ class RunFacts:
     empty_answers: list[str] = field(default_factory=list)  # cases whose reference answer is empty or blank
     verdicts: dict[str, dict[str, bool | None]] = field(default_factory=dict)  # case -> run label -> passed
     run_labels: list[str] = field(default_factory=list)  # every (composition, repeat), in replay order
+
+    @property
+    def policy(self) -> str:
+        return self.engine.policy
+
+    @property
+    def backend(self) -> str:
+        return self.engine.backend
+
+    @property
+    def profile(self) -> str:
+        return self.engine.profile
 
     @property
     def score(self) -> ScoreSwing:
@@ -134,9 +184,7 @@ def gather(run: RunData) -> RunFacts:
         suite_name=str(meta.get("suite_name") or Path(str(meta.get("suite", "suite"))).stem),
         model=str(meta.get("model", "?")),
         dtype=str(meta.get("dtype", "?")),
-        policy=str(meta.get("policy", "?")),
-        backend=str(meta.get("backend", "?")),
-        profile=str(meta.get("profile", "?")),
+        engine=EngineFacts.of(meta),
         reference=reference,
         gap_threshold=float(thresholds.get("gap_threshold", 0.05)),
         gap_window=int(thresholds.get("gap_window", 50)),
@@ -202,7 +250,7 @@ def _composition_facts(runs: pd.DataFrame, names: list[str], reference: str) -> 
 
 def next_command(facts: RunFacts) -> tuple[str, str]:
     """(why, command): under splitk with divergences, rerun invariant to confirm the fix; else gate it."""
-    if facts.policy == "splitk" and facts.n_diverged:
+    if facts.engine.varies and facts.n_diverged:
         return ("confirm the fix: the same run with fixed-order kernels should make every case stable",
                 invariant_rerun(facts))
     return ("gate it in CI", f"flakecheck gate {shlex.quote(str(facts.path))}")

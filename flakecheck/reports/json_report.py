@@ -27,6 +27,8 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
         "policy": facts.policy,
         "backend": facts.backend,
         "profile": facts.profile,
+        "machine": facts.engine.machine,
+        "verified": facts.engine.verified,
         "reference": facts.reference,
         "thresholds": {"gap_threshold": facts.gap_threshold, "gap_window": facts.gap_window},
         "n_cases": facts.n_cases,

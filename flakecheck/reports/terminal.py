@@ -44,6 +44,8 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
     """Counts per status, verdict flips, the riskiest cases, where the run is, what to run next."""
     facts = gather(run)
     console.print(_header(facts))
+    if facts.engine.verified:
+        console.print(f"[dim]machine: {escape(facts.engine.verified)}[/]")
     console.print(_counts_table(facts))
     warning = empty_answer_warning(facts)
     if warning:
@@ -101,7 +103,8 @@ def replay_line(meta: dict) -> str | None:
         rows = f" ({shared:,} of {total:,} rows computed once for several)" if shared else ""
         return (f"replay: simulated, {stats['steps']:,} engine steps of every composition in "
                 f"{stats['forward_passes']:,} shared forward passes{rows}, {took}")
-    return f"replay: {mode}, {took}"
+    fallback = f" — {stats['fallback']}" if stats.get("fallback") else ""
+    return f"replay: {mode}, {took}{fallback}"
 
 
 def score_lines(facts: RunFacts) -> list[str]:

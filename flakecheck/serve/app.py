@@ -70,5 +70,6 @@ def _model_card(state: ServerState) -> dict[str, Any]:
     s = state.settings
     return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "flakecheck",
             "root": s.model, "max_model_len": state.max_context,
-            "flakecheck": {"kernels": s.kernels, "backend": state.backend, "profile": s.profile,
-                           "dtype": str(state.loaded.dtype).removeprefix("torch.")}}
+            "flakecheck": {"kernels": state.spec.policy.name, "backend": state.spec.backend, "profile": s.profile,
+                           "dtype": str(state.loaded.dtype).removeprefix("torch."),
+                           "machine": state.spec.machine.describe(), "verified": state.spec.verification.summary()}}

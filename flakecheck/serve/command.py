@@ -24,6 +24,7 @@ def serve_command(settings: ServeSettings, host: str, port: int) -> None:
         print(f"flakecheck serve: {url_of(sock)}/v1 (model {state.model_id}, kernels {c.kernels}, "
               f"dtype {c.dtype}, profile {c.profile}, max-num-seqs {c.max_num_seqs}, "
               f"fingerprint {state.fingerprint})", flush=True)
+        print(f"machine: {state.spec.verification.summary()}", flush=True)
         serve_forever(build_app(state), sock)
     finally:
         sock.close()

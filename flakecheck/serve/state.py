@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass, field
 
 from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens, load_model
+from flakecheck.engine.spec import EngineSpec, check_settings, parse_kernels, resolve_engine
 from flakecheck.errors import UserError
-from flakecheck.kernels import get_ops
+from flakecheck.machine.probes import ProbeDims
 from flakecheck.serve.engine_loop import EngineLoop
 from flakecheck.serve.logprobs import TokenTexts
 from flakecheck.serve.schemas import model_not_found
@@ -39,7 +40,7 @@ class ServerState:
     model_id: str
     max_context: int
     fingerprint: str
-    backend: str
+    spec: EngineSpec
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, name: str | None) -> None:
@@ -54,12 +55,13 @@ def build_state(settings: ServeSettings, loaded: LoadedModel | None = None) -> S
                         settings.max_num_batched_tokens), ("max-model-len", settings.max_model_len)):
         if value is not None and value < 1:
             raise UserError(f"--{name} must be >= 1, got {value}")
-    try:
-        ops = get_ops(settings.kernels, "auto", settings.profile, "cpu")
-    except (ValueError, ImportError) as exc:
-        raise UserError(str(exc)) from exc
+    parse_kernels(settings.kernels)  # a bad policy fails before the model loads
+    check_settings("auto", settings.profile, settings.dtype)
     loaded = loaded if loaded is not None else load_model(settings.model, settings.dtype)
-    engine = LLMEngine(loaded, ops, settings.max_num_seqs, settings.max_num_batched_tokens,
+    # checked on this machine before the first request: a fixed-order server that is not invariant here refuses
+    spec = resolve_engine(settings.kernels, ProbeDims.of(loaded.config), profile=settings.profile,
+                          dtype=str(loaded.dtype).removeprefix("torch."))
+    engine = LLMEngine(loaded, spec.ops(), settings.max_num_seqs, settings.max_num_batched_tokens,
                        settings.enable_prefix_caching)
     lock = threading.Lock()
 
@@ -73,18 +75,20 @@ def build_state(settings: ServeSettings, loaded: LoadedModel | None = None) -> S
     return ServerState(
         settings=settings, loaded=loaded, loop=EngineLoop(engine, decode), texts=TokenTexts(loaded.tokenizer, lock),
         tokenizer_lock=lock, model_id=settings.served_model_name or settings.model, max_context=context,
-        fingerprint=system_fingerprint(settings, loaded, ops.backend), backend=ops.backend,
+        fingerprint=system_fingerprint(settings, loaded, spec), spec=spec,
     )
 
 
-def system_fingerprint(settings: ServeSettings, loaded: LoadedModel, backend: str) -> str:
-    """Changes whenever the numerics could: the model, its dtype, the kernel policy, backend and profile."""
+def system_fingerprint(settings: ServeSettings, loaded: LoadedModel, spec: EngineSpec) -> str:
+    """Changes whenever the numerics could: the model, its dtype, the kernel policy, backend and profile, the
+    machine (its fingerprint) and the kernel paths verified on it."""
     from flakecheck import __version__
 
     c = loaded.config
     facts = {
         "model": settings.model, "architecture": c.architecture, "layers": c.num_layers, "hidden": c.hidden_size,
-        "vocab": c.vocab_size, "dtype": str(loaded.dtype).removeprefix("torch."), "kernels": settings.kernels,
-        "backend": backend, "profile": settings.profile, "flakecheck": __version__,
+        "vocab": c.vocab_size, "dtype": str(loaded.dtype).removeprefix("torch."), "kernels": spec.policy.name,
+        "backend": spec.backend, "profile": spec.profile, "flakecheck": __version__,
+        "machine": spec.machine.digest, "paths": spec.paths.to_dict(),
     }
     return "fp_" + hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:10]

@@ -91,7 +91,7 @@ def attention_split(policy: KernelPolicy, shape: StepShape, kv_heads: int, sms: 
 def plan_step(policy: KernelPolicy, shape: StepShape, dims: ModelDims, sms: int) -> StepPlan:
     """The reduction order of every op of one step: the one description of each policy that every
     backend executes. `splitk` derives split counts from the step's shape through the device
-    profile's heuristics (kernels/profiles.py); `invariant` fixes them; `native` defers to the
+    profile's heuristics (flakecheck/kernels/profiles.py); `invariant` fixes them; `native` defers to the
     framework's kernels."""
     rows, samples = shape.num_rows, shape.num_sample_rows
     return StepPlan(

@@ -1,4 +1,4 @@
-"""The Triton backend: every order of a plan as the Triton kernels of kernels/triton_kernels.py (on a
+"""The Triton backend: every order of a plan as the Triton kernels of flakecheck/kernels/triton_kernels.py (on a
 CUDA device, or on CPU under TRITON_INTERPRET=1 for tests on small shapes)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from flakecheck.kernels import triton_kernels as tk
 from flakecheck.kernels.layout import AttentionLayout
 from flakecheck.kernels.native import native_log_softmax, native_rmsnorm

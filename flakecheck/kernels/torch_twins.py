@@ -37,9 +37,9 @@ Measured later, for a faster fixed-order twin (docs/kernels-performance.md has t
   2-row remainder. Padding M up to the next M' with M' mod 6 in {0, 3, 4, 5} (at most 2 extra
   rows: 1 -> 3, 16 and 64 unchanged) puts every real row in a 3- to 6-row kernel: bitwise equal
   to the M=1024 rows for every M tested, at every row position; threads split columns only.
-  This depends on FBGEMM's kernel table (an AVX-512 build has a different one), so the rule is
-  verified once per process on a probe GEMM (`fbgemm_rows_invariant`) before it is used, and
-  the twin falls back to the fp32 MKL GEMM above where it fails.
+  This depends on FBGEMM's kernel table (AVX-512 has a different one; flakecheck pins FBGEMM to
+  its AVX2 code), so the machine's self-check verifies the rule before a run uses it, and the twin
+  falls back to an fp32 GEMM where it fails (flakecheck/kernels/paths.py).
 * fp32 batched matmul once more, for attention by 64-key blocks: [G, M, 64] x [G, 64, 64] rows
   are bitwise equal for every G in 1..64 and every M >= 4 (M <= 3 differs), so query rows are
   padded to 4, not 8. A matmul over a key range padded with zero probabilities is *not* safe to
@@ -49,19 +49,21 @@ Measured later, for a faster fixed-order twin (docs/kernels-performance.md has t
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from flakecheck.kernels.fallbacks import TILE, lanes_sum
 from flakecheck.kernels.layout import AttentionLayout
-from flakecheck.kernels.weights import Fp16Packed, fp16_pack
+from flakecheck.kernels.weights import Fp16Packed
 
 ROW_BLOCK = 8  # rows of every fixed-order fp32 GEMM are padded to a multiple of this (see above)
 FBGEMM_KERNEL_ROWS = 6  # rows of FBGEMM's widest AVX2 fp16 kernel; its 1- and 2-row kernels differ
 ATTENTION_ROW_BLOCK = 4  # query rows of attention's batched matmuls are padded to a multiple of this
 KEY_BLOCK = 64  # keys reduced by one batched matmul; a KV split is a whole number of these
+SHORT_SUM = 256  # values a row reduction sums in one ATen call (short_sum)
 NEG_INF = float("-inf")
 
 def pad_rows(x: torch.Tensor, block: int, dim: int = 0) -> torch.Tensor:
@@ -86,33 +88,10 @@ def fbgemm_rows(m: int) -> int:
     return m + (3 - short if short in (1, 2) else 0)
 
 
-@functools.cache
-def fbgemm_rows_invariant() -> bool:
-    """Whether `fbgemm_rows` padding makes FBGEMM's fp16 GEMM row-invariant on this machine.
-
-    Checked once per process (~60 ms): every M up to two of FBGEMM's 120-row chunks past the
-    first, on a weight of two K blocks (FBGEMM cuts K at 512), against the rows of the largest M."""
-    try:
-        gen = torch.Generator().manual_seed(0)
-        weight = (torch.rand(64, 600, generator=gen) + 0.5).to(torch.bfloat16)  # one binade: packs
-        pack = fp16_pack(weight, None)
-        if pack is None:
-            return False
-        x = torch.randn(264, 600, generator=gen).to(torch.bfloat16).float()
-        reference = torch.ops.quantized.linear_dynamic_fp16(x, pack.packed)
-        for m in range(1, 261):
-            rows = torch.ops.quantized.linear_dynamic_fp16(x[: fbgemm_rows(m)], pack.packed)
-            if not torch.equal(rows[:m], reference[:m]):
-                return False
-        return True
-    except (RuntimeError, AttributeError, NotImplementedError):  # a build without FBGEMM
-        return False
-
-
 def fbgemm_fixed_order_linear(x: torch.Tensor, pack: Fp16Packed) -> torch.Tensor:
     """x[M, K] @ weight[N, K].T + bias in x's dtype through FBGEMM's fp16 GEMM, every row computed
-    by a 3- to 6-row kernel over the same K order whatever M is. Only where `fbgemm_rows_invariant()`
-    holds and the weight packed exactly (the caller checks both; else it runs the fp32 GEMM).
+    by a 3- to 6-row kernel over the same K order whatever M is. Only where the machine's self-check
+    verified the padding rule and the weight packed exactly (else the caller runs an fp32 GEMM).
 
     The values are those of a bf16 GEMM with fp32 accumulation: the weight is an exact
     power-of-two-scaled fp16 copy (weights.fp16_pack, shared with native: one copy, 2 bytes a
@@ -192,8 +171,21 @@ def split_row_log_softmax(logits32: torch.Tensor, splits: int) -> torch.Tensor:
     row_max = torch.stack([c.amax(-1) for c in chunks], -1).amax(-1, keepdim=True)
     total = torch.zeros_like(row_max)
     for c in chunks:
-        total = total + torch.exp(c - row_max).sum(-1, keepdim=True)
+        total = total + short_sum(torch.exp(c - row_max))
     return logits32 - row_max - torch.log(total)
+
+
+def short_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim (keepdim) in two levels of at most SHORT_SUM values each. ATen splits a single
+    long row's sum across threads (a row of 49152 alone: other bits than inside a batch, and not even the
+    same from call to call, measured at 2 threads); a reduction this short is always one thread's."""
+    width = values.shape[-1]
+    if width <= SHORT_SUM:
+        return values.sum(-1, keepdim=True)
+    blocks = -(-width // SHORT_SUM)
+    padded = pad_rows(values, SHORT_SUM, dim=-1)
+    partial = padded.unflatten(-1, (blocks, SHORT_SUM)).sum(-1)
+    return short_sum(partial)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,10 +224,12 @@ class SplitAttentionMeta:
 
     decode: tuple[DecodeGroup, ...]
     prefills: tuple[Prefill, ...]
+    tiled: bool = False  # every matmul over fixed TILE-row tiles, sums and maxima folded in lanes
 
     @classmethod
-    def build(cls, layout: AttentionLayout, group: int) -> SplitAttentionMeta:
+    def build(cls, layout: AttentionLayout, group: int, tiled: bool = False) -> SplitAttentionMeta:
         assert layout.kv_splits is not None
+        row_block = TILE if tiled else ATTENTION_ROW_BLOCK
         by_split: dict[int, list[int]] = {}
         for i in layout.decode:
             by_split.setdefault(layout.kv_splits[i], []).append(i)
@@ -249,15 +243,15 @@ class SplitAttentionMeta:
             slots = slice(slot_list[0], slot_list[0] + len(slot_list)) if consecutive else torch.tensor(slot_list)
             ctx = layout.context_lens_t if everyone else layout.context_lens_t[seqs]
             longest = max(layout.context_lens[i] for i in seqs)
-            bias = _mask_bias(ctx[:, None].expand(len(seqs), group), longest, block)
+            bias = _mask_bias(ctx[:, None].expand(len(seqs), group), longest, block, row_block)
             decode.append(DecodeGroup(split_size, rows, slots, len(seqs), longest, bias))
         prefills = []
         for i in layout.prefill:
             n, ctx_i, split_size = layout.query_len(i), layout.context_lens[i], layout.kv_splits[i]
             limits = torch.arange(ctx_i - n + 1, ctx_i + 1).repeat_interleave(group)[None, :]
-            bias = _mask_bias(limits, ctx_i, _key_block(split_size))
+            bias = _mask_bias(limits, ctx_i, _key_block(split_size), row_block)
             prefills.append(Prefill(split_size, layout.slots[i], layout.query_starts[i], n, ctx_i, bias))
-        return cls(tuple(decode), tuple(prefills))
+        return cls(tuple(decode), tuple(prefills), tiled)
 
 
 def _key_block(split_size: int) -> int:
@@ -280,7 +274,7 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         keys, values = _gather_kv_blocks(k_cache, v_cache, g.slots, g.longest, block)
         qd = q if g.rows is None else q.index_select(0, g.rows)
         o = _block_reduce(qd.view(g.n, kv_heads, group, head_dim), keys, values, g.bias, scale,
-                          g.split_size // block)
+                          g.split_size // block, meta.tiled)
         o = o.reshape(g.n, heads, head_dim).to(q.dtype)
         if g.rows is None:
             return o
@@ -296,18 +290,19 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         n = p.n
         qg = q[p.lo : p.lo + n].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, n * group,
                                                                                           head_dim)
-        o = _block_reduce(qg, keys, values, p.bias, scale, p.split_size // block)
+        o = _block_reduce(qg, keys, values, p.bias, scale, p.split_size // block, meta.tiled)
         out[p.lo : p.lo + n] = o.view(kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, heads, head_dim)
     return out
 
 
-def _mask_bias(limits: torch.Tensor, longest: int, block: int) -> torch.Tensor | None:
+def _mask_bias(limits: torch.Tensor, longest: int, block: int,
+               row_block: int = ATTENTION_ROW_BLOCK) -> torch.Tensor | None:
     """[B, 1, blocks, Rp, block] fp32: 0 on the keys row r of sequence b sees (the first
     limits[b, r]), -inf elsewhere; None when every row sees every key of the blocks (adding 0.0
     changes no score's bits that matter: only -0.0 becomes +0.0, and exp of either is 1).
     Padding rows see every key (their scores are 0: no 0/0)."""
     n_blocks = math.ceil(longest / block)
-    limits = pad_rows(limits - n_blocks * block, ATTENTION_ROW_BLOCK, dim=1) + n_blocks * block
+    limits = pad_rows(limits - n_blocks * block, row_block, dim=1) + n_blocks * block
     if bool((limits >= n_blocks * block).all()):
         return None
     key_pos = torch.arange(n_blocks * block).view(1, 1, n_blocks, 1, block)
@@ -334,27 +329,32 @@ def _gather_kv_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: slice
 
 
 def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
-                  scale: float, per_split: int) -> torch.Tensor:
+                  scale: float, per_split: int, tiled: bool = False) -> torch.Tensor:
     """qg [B, KVH, R, D] attends to keys/values [B, KVH, blocks, block, D] under the additive mask
     `bias` [B, 1, blocks, Rp, block] (None: nothing masked). Each split of `per_split` blocks
     takes its own max; its sum-exp and P @ V are the block results added in block order; the
     splits are then combined in split order, each rescaled to the row's global max
-    (flash-decoding's reduction). Returns [B, KVH, R, D] fp32."""
+    (flash-decoding's reduction). Returns [B, KVH, R, D] fp32.
+
+    `tiled` (the fallback invariant by construction): both matmuls over fixed TILE-row tiles of the
+    query rows, and the maxima and sums over a block's keys folded in lanes."""
     b, kv_heads, rows, head_dim = qg.shape
     n_blocks = keys.shape[2]
     n_splits = math.ceil(n_blocks / per_split)
-    qs = pad_rows(qg.float() * scale, ATTENTION_ROW_BLOCK, dim=2).unsqueeze(2)  # [B, KVH, 1, Rp, D]
+    qs = pad_rows(qg.float() * scale, TILE if tiled else ATTENTION_ROW_BLOCK, dim=2).unsqueeze(2)  # [B, KVH, 1, Rp, D]
     rp = qs.shape[3]
-    scores = torch.matmul(qs, keys.transpose(-1, -2))  # [B, KVH, blocks, Rp, block]
+    scores = _matmul_rows(qs, keys.transpose(-1, -2), tiled)  # [B, KVH, blocks, Rp, block]
     if bias is not None:
         scores += bias
+    # a maximum is exact in any order; a sum is not
+    row_sum = (lambda t: lanes_sum(t).squeeze(-1)) if tiled else (lambda t: t.sum(-1))
     if n_splits == 1:
         # one split (contexts up to split_size): its max is the row's, no rescaling, and the
         # general path below reduces to this (weight exp(0) = 1 exactly); fewer, in-place ops
         # because a short decode step is dominated by per-op overhead
         p = scores.sub_(scores.amax(dim=(2, 4), keepdim=True)).exp_()
-        sums = p.sum(-1)  # [B, KVH, blocks, Rp]: one row of `block` keys, a fixed order
-        outs = torch.matmul(p, values)  # [B, KVH, blocks, Rp, D]
+        sums = row_sum(p)  # [B, KVH, blocks, Rp]: one row of `block` keys, a fixed order
+        outs = _matmul_rows(p, values, tiled)  # [B, KVH, blocks, Rp, D]
         sum_blocks, out_blocks = sums.unbind(2), outs.unbind(2)  # one call for all the views
         total, acc = sum_blocks[0], out_blocks[0]
         for sum_j, out_j in zip(sum_blocks[1:], out_blocks[1:]):  # block order
@@ -370,8 +370,8 @@ def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bi
     split_max = block_max.view(b, kv_heads, n_splits, per_split, rp).amax(3)  # [B, KVH, splits, Rp]
     ref = torch.nan_to_num(split_max, neginf=0.0).repeat_interleave(per_split, dim=2)[:, :, :n_blocks]
     p = scores.sub_(ref[..., None]).exp_()
-    sums = p.sum(-1)
-    outs = torch.matmul(p, values)
+    sums = row_sum(p)
+    outs = _matmul_rows(p, values, tiled)
     if extra:
         sums = torch.cat((sums, sums.new_zeros((b, kv_heads, extra, rp))), 2)
         outs = torch.cat((outs, outs.new_zeros((b, kv_heads, extra, rp, head_dim))), 2)
@@ -388,3 +388,15 @@ def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bi
         total = total + split_sum[:, :, c] * weights[:, :, c]
         acc = acc + split_out[:, :, c] * weights[:, :, c, :, None]
     return (acc / total[..., None])[:, :, :rows]
+
+
+def _matmul_rows(a: torch.Tensor, b: torch.Tensor, tiled: bool) -> torch.Tensor:
+    """a [B, KVH, X, Rp, I] @ b [B, KVH, blocks, I, J] -> [B, KVH, blocks, Rp, J]; `tiled`: every GEMM of
+    the batch is one TILE-row tile of a's rows (a fixed shape whatever Rp is)."""
+    if not tiled:
+        return torch.matmul(a, b)
+    *lead, rp, inner = a.shape
+    tiles = a.reshape(*lead, rp // TILE, TILE, inner)
+    out = torch.matmul(tiles, b.unsqueeze(3))  # [B, KVH, blocks, tiles, TILE, J]
+    return out.flatten(3, 4)
+

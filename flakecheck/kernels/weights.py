@@ -7,6 +7,7 @@ GEMMs, and the fallback where the fp16 pack would not be exact).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +37,11 @@ def fp16_pack(weight: torch.Tensor, bias: torch.Tensor | None) -> Fp16Packed | N
         return None
     w32 = weight.detach().float()
     magnitudes = w32.abs()
-    nonzero = magnitudes[magnitudes > 0]
-    if not nonzero.numel() or not bool(torch.isfinite(nonzero).all()):
+    largest = float(magnitudes.max()) if magnitudes.numel() else 0.0
+    if largest == 0.0 or not math.isfinite(largest):
         return None
-    top = int(torch.floor(torch.log2(nonzero.max())))
-    bottom = int(torch.floor(torch.log2(nonzero.min())))
+    smallest = float(torch.where(magnitudes > 0, magnitudes, largest).min())  # no gather of the nonzeros
+    top, bottom = math.floor(math.log2(largest)), math.floor(math.log2(smallest))
     shift = FP16_MIN_EXP - bottom
     if top + shift > FP16_MAX_EXP:
         return None

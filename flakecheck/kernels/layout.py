@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
 from flakecheck.kernels.plan import StepPlan
 
 Rows = slice | torch.Tensor  # a contiguous range of rows, or row indices

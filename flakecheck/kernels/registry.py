@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+
 from flakecheck.kernels.ops import Ops
-from flakecheck.kernels.policy import ORDERS, parse_policy
+from flakecheck.kernels.paths import FAST, KernelPaths
+from flakecheck.kernels.policy import ORDERS, KernelPolicy, parse_policy
 from flakecheck.kernels.profiles import get_profile
 
 POLICIES = ORDERS  # the whole-model policies: splitk, invariant, native
@@ -20,14 +22,15 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
     return backend
 
 
-def get_ops(policy: str = "native", backend: str = "auto", profile: str = "h100",
+def get_ops(policy: str | KernelPolicy = "native", backend: str = "auto", profile: str = "h100",
             device: torch.device | str = "cpu", fast_cpu_matmuls: bool = True,
-            also_plans: tuple[str, ...] = ()) -> Ops:
-    """The Ops of a policy spec (`splitk`, `invariant`, `native` or `matmul=splitk,attention=...`);
-    `also_plans`: other specs whose steps the same weights must run (one mechanism at a time).
+            also_plans: tuple[str | KernelPolicy, ...] = (), paths: KernelPaths = FAST) -> Ops:
+    """The Ops of a policy (`splitk`, `invariant`, `native` or `matmul=splitk,attention=...`, or parsed);
+    `also_plans`: other policies whose steps the same weights must run (one mechanism at a time); `paths`:
+    the implementation of each primitive (the machine's self-check chooses them; the torch backend's).
     ValueError naming the choices on a bad policy, backend or profile."""
-    parsed = parse_policy(policy)
-    orders = frozenset(parse_policy(p).matmul for p in also_plans)
+    parsed = policy if isinstance(policy, KernelPolicy) else parse_policy(policy)
+    orders = frozenset((p if isinstance(p, KernelPolicy) else parse_policy(p)).matmul for p in also_plans)
     get_profile(profile)
     resolved = resolve_backend(backend, device)
     if parsed.name == "native":
@@ -38,4 +41,4 @@ def get_ops(policy: str = "native", backend: str = "auto", profile: str = "h100"
         return Ops(parsed, TritonBackend(), profile, orders)
     from flakecheck.kernels.torch_backend import TorchBackend
 
-    return Ops(parsed, TorchBackend(fast_cpu_matmuls), profile, orders)
+    return Ops(parsed, TorchBackend(fast_cpu_matmuls, paths), profile, orders)

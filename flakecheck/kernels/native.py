@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from flakecheck.kernels.layout import AttentionLayout
 from flakecheck.kernels.weights import LinearWeights
 

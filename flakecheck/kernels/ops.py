@@ -2,7 +2,7 @@
 
 The engine never calls a matmul, a softmax or a norm directly: it calls an `Ops`. Once a step,
 `plan_step` turns the step's shape into a StepPlan (the policy's description, the same for every
-backend); once a forward pass, the engine lays out the rows of its steps (kernels/layout.py); every
+backend); once a forward pass, the engine lays out the rows of its steps (flakecheck/kernels/layout.py); every
 layer then hands its op the row groups of its order, and the backend runs each group.
 
 Called without groups (a standalone call, as the tests and benchmarks make), an op plans itself
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+
 from flakecheck.kernels.layout import AttentionLayout, Groups
 from flakecheck.kernels.plan import ModelDims, StepPlan, StepShape
 from flakecheck.kernels.policy import KernelPolicy, attention_split, matmul_order, norm_order, plan_step
