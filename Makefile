@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.flakecheck-installed
 # torch==2.13.0 first: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU box.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint browser clean vllm-setup probe-vllm
+.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -33,6 +33,11 @@ browser:
 test: setup browser vllm-setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+	$(MAKE) wheel-check
+
+# Install as users do: sdist -> wheel -> a fresh venv without -e; every --help, a two-case run and explain.
+wheel-check: setup
+	scripts/wheel_check.sh
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -229,20 +229,22 @@ def serve(
                                 enable_prefix_caching, max_model_len, served_model_name), host, port)
 
 
-@app.command(help="Benchmarks, one JSON line each: engine | kernels | run.\n\nExample: flakecheck bench run --json")
+@app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning.\n\n"
+             "Example: flakecheck bench run --json")
 def bench(
-    target: str = typer.Argument("engine", help="engine | kernels | run"),
+    target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost)"),
     json_out: bool = typer.Option(False, "--json", help="print only the JSON line"),
     quick: bool = typer.Option(False, help="a smaller workload (smoke test of the benchmark itself)"),
-    cases: int | None = typer.Option(None, help="run: demo cases to replay (default 24)"),
-    repeats: int | None = typer.Option(None, help="run: times each side runs (default 1; medians)"),
+    cases: int | None = typer.Option(None, help="run, pinning: demo cases to replay (default 24; pinning 12)"),
+    repeats: int | None = typer.Option(None, help="run, pinning: times each side runs (default 1; pinning 3)"),
 ) -> None:
     import importlib
 
-    if target not in ("engine", "kernels", "run"):
-        raise UserError(f"unknown benchmark {target!r}; choose engine, kernels or run")
+    targets = ("engine", "kernels", "run", "pinning")
+    if target not in targets:
+        raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
     module = importlib.import_module(f"flakecheck.bench.{target}")
-    extra = {"cases": cases, "repeats": repeats} if target == "run" else {}
+    extra = {"cases": cases, "repeats": repeats} if target in ("run", "pinning") else {}
     module.main(json_out=json_out, quick=quick, **extra)
 
 

@@ -27,8 +27,8 @@ from flakecheck.explain.source import open_run, with_requests
 from flakecheck.explain.summary import LABELS
 from flakecheck.kernels import get_ops
 from flakecheck.kernels.policy import parse_policy
+from flakecheck.replay.simulated import Job, Simulation
 from flakecheck.rundir import RunData
-from flakecheck.simulation import Job, Simulation
 from tests.test_run import cli_run
 from tests.test_simulation import write_suite
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from flakecheck import replay as replay_module
-from flakecheck import simulation
 from flakecheck.errors import UserError
 from flakecheck.grader import GradeRequest, GraderError, GraderSpec, grader_spec, run_grader
 from flakecheck.grading import grade_traces
+from flakecheck.replay import run as replay_run
+from flakecheck.replay import simulated
 from flakecheck.rundir import load_run
 from flakecheck.suite import Case
 from flakecheck.traces import Trace
@@ -184,8 +184,8 @@ def test_a_failing_grader_keeps_the_outputs_and_resume_grades_them_without_repla
     assert len(list((out / "partial").glob("*.parquet"))) == 2 and not (out / "runs.parquet").exists()
 
     replayed = lambda *a, **k: pytest.fail("resume replayed a composition")
-    monkeypatch.setattr(replay_module, "replay", replayed)  # physical replay
-    monkeypatch.setattr(simulation, "simulate", replayed)  # simulated replay
+    monkeypatch.setattr(replay_run, "replay", replayed)  # physical replay
+    monkeypatch.setattr(simulated, "simulate", replayed)  # simulated replay
     good = f"{shlex.quote(sys.executable)} {tmp_path / 'ok.py'}"
     code, _, err = cli_run(monkeypatch, capsys, *_args(tmp_path, tiny_wide_model_dir, out, good, "--resume"))
     assert code == 0, err

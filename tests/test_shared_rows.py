@@ -13,11 +13,11 @@ import torch
 from flakecheck.engine import Completion, EngineCore, LLMEngine, LoadedModel, Request, SamplingParams, load_model
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.llm_engine import build_model
-from flakecheck.engine.lockstep import Lockstep, Member
 from flakecheck.engine.prefix_cache import CachedBlock, PrefixCache, block_hashes
 from flakecheck.engine.sequence import LINEAGE_ROOT, Sequence
-from flakecheck.engine.shared_rows import RowSharing
 from flakecheck.kernels import StepPlan
+from flakecheck.replay.lockstep import Lockstep, Member
+from flakecheck.replay.shared_rows import RowSharing
 from tests.machine_paths import engine_ops
 
 PLAN = StepPlan(projections=(((64, 64), 2),), lm_head=3, kv_split=256, norms=((1, 1),), final=1)

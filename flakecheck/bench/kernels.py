@@ -23,8 +23,10 @@ from flakecheck.engine.llm_engine import build_model
 from flakecheck.engine.loader import LoadedModel, load_model
 from flakecheck.engine.model_runner import ModelRunner
 from flakecheck.engine.sequence import SamplingParams, Sequence
-from flakecheck.kernels import AttentionLayout, Ops, get_ops
+from flakecheck.engine.spec import resolve_engine
+from flakecheck.kernels import AttentionLayout, Ops
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.machine.probes import ProbeDims
 
 POLICIES = ("native", "invariant", "splitk")
 CONTEXT = 128
@@ -34,7 +36,8 @@ def main(json_out: bool = False, quick: bool = False) -> None:
     batch_sizes, repeats = ((1, 16), 2) if quick else ((1, 16, 64), 5)
     torch.manual_seed(0)
     loaded = load_model("smollm2", "bfloat16")
-    ops = {policy: get_ops(policy, "torch", "h100", "cpu") for policy in POLICIES}
+    specs = {policy: resolve_engine(policy, ProbeDims.of(loaded.config), backend="torch") for policy in POLICIES}
+    ops = {policy: spec.ops() for policy, spec in specs.items()}
     models = {policy: build_model(loaded, o) for policy, o in ops.items()}
     fp32_bytes = _fp32_copy_bytes(models["splitk"])
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -56,6 +59,8 @@ def main(json_out: bool = False, quick: bool = False) -> None:
         "backend": "torch",
         "device": "cpu",
         "threads": torch.get_num_threads(),
+        "machine": specs["invariant"].machine.describe(),
+        "paths": {policy: spec.paths.fallbacks() for policy, spec in specs.items()},
         "batch_sizes": list(batch_sizes),
         "repeats": repeats,
         "median_ms": {b: {op: {p: round(t * 1e3, 3) for p, t in per.items()} for op, per in ops_.items()}

@@ -57,7 +57,7 @@ class Sequence:
     top2_logprobs: list[float] = field(default_factory=list)
     top1_logits: list[float] = field(default_factory=list)
     # per computed position, a digest of what its keys and values are the result of (simulated replay
-    # computes rows with equal digests once: flakecheck/engine/shared_rows.py); None where unknown
+    # computes rows with equal digests once: flakecheck/replay/shared_rows.py); None where unknown
     lineage: list[bytes | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ fillers cannot touch it), or have equal composition fields (the name aside) and 
 Only what is needed is replayed: a serial variant only for the cases asked of it, a batched one whole (its
 other cases are batch-mates that shape every step), each case only up to its window when one is given (the
 lockstep stops a core once its cases have their windows; every step before that is the full replay's, so
-the tokens are the first tokens of the full replay — see flakecheck.simulation.Simulation).
+the tokens are the first tokens of the full replay — see flakecheck.replay.simulated.Simulation).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from flakecheck.engine import LoadedModel
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.explain.source import RunSource
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.simulation import Job, Simulation
+from flakecheck.replay.simulated import Job, Simulation
 from flakecheck.traces import Trace
 
 

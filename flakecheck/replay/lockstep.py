@@ -7,7 +7,7 @@ bounded) into forward passes, and hands each core its sampled tokens. With row-i
 (the `splitk` and `invariant` policies), a row's bits depend only on its own data and its own
 step's plan, so every core computes exactly what it would alone — and rows that are the same
 computation in several cores (the same prompt prefilled under the same plan, say) are computed once
-(flakecheck/engine/shared_rows.py).
+(flakecheck/replay/shared_rows.py).
 
 The KV cache is one pool of slots; a core is admitted when the pool can hold its widest step
 (`max_num_seqs` slots) and its `ready()` says so (a serial composition with a prefix cache makes
@@ -24,8 +24,8 @@ from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.model_runner import ModelRunner, sample
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.sequence import Completion
-from flakecheck.engine.shared_rows import RowSharing, SharedPass
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.replay.shared_rows import RowSharing, SharedPass
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Under row-invariant kernels a case's numbers depend only on its own data and on the plans of the
 steps its composition schedules, so each composition becomes engine cores (virtual engines) that
-advance in lockstep (flakecheck/engine/lockstep.py); the result is bitwise the result of
+advance in lockstep (flakecheck/replay/lockstep.py); the result is bitwise the result of
 replaying each composition alone (tests/test_simulation.py checks it). How a composition becomes
 cores:
 
@@ -33,11 +33,11 @@ from typing import Any
 from flakecheck.compositions import Composition
 from flakecheck.engine import Completion, EngineCore, LoadedModel, Request
 from flakecheck.engine.kv_cache import KVCache
-from flakecheck.engine.lockstep import Lockstep, Member
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.replay import CaseRequest, build_requests, trace_of
+from flakecheck.replay.lockstep import Lockstep, Member
+from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, trace_of
 from flakecheck.traces import Trace
 
 MAX_SLOTS = 256  # KV slots in the pool: sequences held at once across every core
@@ -144,7 +144,7 @@ class _Builder:
         """Records a finished case into each run that reports it (fillers are dropped)."""
 
         def finished(completion: Completion) -> None:
-            if isinstance(completion.request_id, tuple):  # a filler
+            if is_filler(completion.request_id):  # a filler
                 return
             for run in runs:
                 if str(completion.request_id) not in run.case_ids:
@@ -164,7 +164,7 @@ class _Builder:
         self.runs[(job.name, job.repeat)] = run
         if composition.cases_alone:
             for request in requests:
-                if isinstance(request.request_id, tuple) or str(request.request_id) not in reported:
+                if is_filler(request.request_id) or str(request.request_id) not in reported:
                     continue  # fillers and other cases never share a step with a case of a serial composition
                 key = (str(request.request_id), composition.chunk, job.policy)
                 if key not in self.serial:
@@ -210,7 +210,7 @@ class _Builder:
         for request in requests:
             # a filler's length is fixed (it ignores EOS) and its values reach a case only through a prefix
             # cache: without one it shapes the steps and needs no computing
-            filler = isinstance(request.request_id, tuple) and request.params.ignore_eos
+            filler = is_filler(request.request_id) and request.params.ignore_eos
             core.add_request(replace(request, shape_only=filler and prefix is None))
         self.lockstep.add(Member(core, self.listener(runs), policy=job.policy,
                                  done=self.wanted(core, runs, runs[0].case_ids)))
@@ -223,11 +223,11 @@ class _Builder:
             self._whole(job, [run], requests)
             return
         first_block = [_first_block(r, prefix.block_size) for r in order]
-        case_groups = {key for r, key in zip(order, first_block) if not isinstance(r.request_id, tuple)}
+        case_groups = {key for r, key in zip(order, first_block) if not is_filler(r.request_id)}
         earlier: dict[Any, list[EngineCore]] = {}
         listener = self.listener([run])
         for request, key in zip(order, first_block):
-            if isinstance(request.request_id, tuple) and key not in case_groups:
+            if is_filler(request.request_id) and key not in case_groups:
                 continue  # a filler that shares no prompt block with any case cannot touch one
             core = self.core(1, job.composition.chunk, prefix)
             core.add_request(Request(request.request_id, request.prompt_ids, request.params,

@@ -1,0 +1,58 @@
+"""What a replay sends the engine: each case as a request, and synthetic fillers beside them.
+
+A request's id says its kind: a case's id is the case id (a string); a filler's is a `Filler`. Only cases
+become traces; a filler shapes its steps (and, through a prefix cache, can share KV with a case).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flakecheck.compositions import Composition, arrival_order, make_fillers
+from flakecheck.engine import Completion, Request, SamplingParams
+from flakecheck.traces import Trace
+
+
+@dataclass(frozen=True)
+class CaseRequest:
+    """A suite case as the engine sees it: its id, prompt token ids and token limit."""
+
+    case_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Filler:
+    """The request id of the k-th synthetic filler of a composition."""
+
+    index: int
+
+
+def is_filler(request_id: Any) -> bool:
+    return isinstance(request_id, Filler)
+
+
+def trace_of(c: Completion, composition: str, repeat: int) -> Trace:
+    return Trace(str(c.request_id), composition, repeat, c.token_ids, c.top1_ids, c.top1_logprobs,
+                 c.top2_ids, c.top2_logprobs, c.finish_reason, c.top1_logits)
+
+
+def build_requests(cases: Sequence[CaseRequest], composition: Composition, repeat: int,
+                   vocab_size: int, special_ids: frozenset[int]) -> list[Request]:
+    """Cases in this composition's arrival order, fillers spread evenly among them (or arriving later)."""
+    order = arrival_order(len(cases), composition, repeat)
+    requests = [Request(cases[i].case_id, cases[i].prompt_ids, SamplingParams(cases[i].max_tokens)) for i in order]
+    fillers = make_fillers(composition, vocab_size, special_ids, repeat, len(cases))
+    as_request = [Request(Filler(k), f.prompt_ids, SamplingParams(f.max_tokens, True), f.arrival)
+                  for k, f in enumerate(fillers)]
+    together = [r for r in as_request if r.arrival == 0]
+    # The scheduler keeps submission order among equal arrival steps: interleaving makes the
+    # fillers batch-mates of the cases instead of a tail that runs after them. Inserting from
+    # the back keeps the earlier positions valid.
+    for k in range(len(together) - 1, -1, -1):
+        requests.insert(round((k + 1) * len(cases) / (len(together) + 1)), together[k])
+    requests.extend(r for r in as_request if r.arrival > 0)
+    return requests
