@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.flakecheck-installed
 # torch==2.13.0 first: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU box.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check
+.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check ray-setup
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,7 +30,12 @@ browser:
 		|| echo "warning: could not install chromium; tests/test_html_browser.py will be skipped"
 
 # vllm-setup: the vLLM test (tests/test_vllm.py) needs .venv-vllm; CI must not skip it.
-test: setup browser vllm-setup
+# Ray for the cluster tests (tests/test_ray.py): only the tests need it, `make demo` does not.
+RAY ?= ray==2.60.0
+ray-setup: setup
+	@$(PY) -c "import ray" 2>/dev/null || $(PIP) install -q "$(RAY)"
+
+test: setup browser vllm-setup ray-setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 	$(MAKE) wheel-check

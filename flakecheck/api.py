@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flakecheck.analysis import Thresholds
 from flakecheck.compositions import REFERENCE, Composition, resolve_compositions
@@ -43,6 +43,9 @@ from flakecheck.reports.finished import ReportError, show_finished_run, write_re
 from flakecheck.rundir import RunData, RunDirectory, load_run
 from flakecheck.suite import Suite, check_prompt_lengths, load_suite
 
+if TYPE_CHECKING:
+    from flakecheck.replay.cluster import Cluster
+
 
 class RunInterrupted(Exception):
     """Ctrl-C during a run: finished compositions are saved; the message says how to resume."""
@@ -58,6 +61,7 @@ class PreparedRun:
     spec: EngineSpec
     requests: list[CaseRequest]
     directory: RunDirectory
+    cluster: Cluster | None = None  # started; stopped when the run ends
 
 
 def run_suite(
@@ -86,7 +90,11 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
     started = time.perf_counter()
     prepared = prepare(config, model, suite, resume)
     timings = {"load_s": time.perf_counter() - started}
-    traces, timings["replay_s"], replayed = _replay(prepared, resume, progress)
+    try:
+        traces, timings["replay_s"], replayed = _replay(prepared, resume, progress)
+    finally:
+        if prepared.cluster is not None:
+            prepared.cluster.stop()  # nothing left running, whatever happened
     if replayed.get("fallback") and progress:
         from rich.console import Console
 
@@ -135,8 +143,24 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
     out = config.out if config.out is not None else _default_out(suite_obj.path)
     config = config.with_changes(out=out)
     directory = RunDirectory(out)
-    directory.begin(_fingerprint(config, suite_obj, loaded, requests), resume)
-    return PreparedRun(config, suite_obj, loaded, spec, requests, directory)
+    cluster = _cluster(config) if config.ray is not None else None  # unreachable: exit 2, nothing written
+    try:
+        directory.begin(_fingerprint(config, suite_obj, loaded, requests), resume)
+    except BaseException:
+        if cluster is not None:
+            cluster.stop()
+        raise
+    return PreparedRun(config, suite_obj, loaded, spec, requests, directory, cluster)
+
+
+def _cluster(config: RunConfig) -> Cluster:
+    from flakecheck.replay.cluster import Cluster, ClusterSettings, EngineSettings
+
+    assert config.ray is not None
+    cluster = Cluster(ClusterSettings(config.ray, config.workers, config.cpus_per_worker, config.allow_mixed_devices),
+                      EngineSettings(config.model, config.dtype, config.kernels.name, config.backend, config.profile))
+    cluster.start()
+    return cluster
 
 
 def case_requests(config: RunConfig, suite: Suite, model: LoadedModel) -> list[CaseRequest]:
@@ -170,7 +194,8 @@ def _replay(prepared: PreparedRun, resume: bool, show_progress: bool) -> tuple[l
     work = [(c, r) for r in range(config.repeat) for c in config.compositions]
     with ReplayProgress(len(work) * len(prepared.requests), enabled=show_progress) as bar, \
             _interruptible(prepared):
-        return replay_runs(prepared.model, config, prepared.spec, prepared.requests, work, directory, resume, bar)
+        return replay_runs(prepared.model, config, prepared.spec, prepared.requests, work, directory, resume, bar,
+                           prepared.cluster)
 
 
 @contextlib.contextmanager
@@ -182,10 +207,12 @@ def _interruptible(prepared: PreparedRun) -> Iterator[None]:
         config = prepared.config
         work = [(c.name, r) for r in range(config.repeat) for c in config.compositions]
         finished = prepared.directory.n_saved(work)
+        shards = len(list((prepared.directory.partial_dir / "shards").glob("*.parquet")))
+        kept = f" and {shards} finished shards" if shards else ""
         assert config.out is not None
         raise RunInterrupted(
-            f"interrupted: {finished} of {len(work)} compositions saved in {prepared.directory.partial_dir}; "
-            f"continue with: {config.resume_command(config.out)}"
+            f"interrupted: {finished} of {len(work)} compositions{kept} saved in {prepared.directory.partial_dir}; "
+            f"continue with (with or without --ray): {config.resume_command(config.out)}"
         ) from None
 
 

@@ -52,6 +52,11 @@ def run(
     grader: str | None = typer.Option(None, help="grade outputs with this command instead of the suite's checks: "
                                       "JSONL on its stdin and stdout (see the README), e.g. 'python grade.py'"),
     grader_timeout: float = typer.Option(GRADER_TIMEOUT_S, help="seconds the --grader process may take"),
+    ray: str | None = typer.Option(None, "--ray", help="replay in shards on a Ray cluster: --ray alone starts a "
+                                   "local one, --ray auto joins the running one (RAY_ADDRESS), or give its address"),
+    workers: int = typer.Option(2, help="--ray: replay actors (each loads the model once)"),
+    cpus_per_worker: int | None = typer.Option(None, help="--ray: CPUs (threads) per actor (default: shared out)"),
+    allow_mixed_devices: bool = typer.Option(False, help="--ray: run even when actors' machines differ (recorded)"),
 ) -> None:
     from flakecheck.api import run_from_cli
 
@@ -60,7 +65,8 @@ def run(
         compositions_file=compositions, composition_specs=composition or [], max_tokens=max_tokens,
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
         out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
-        grader=grader, grader_timeout=grader_timeout,
+        grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
+        allow_mixed_devices=allow_mixed_devices,
     )
 
 
@@ -229,26 +235,47 @@ def serve(
                                 enable_prefix_caching, max_model_len, served_model_name), host, port)
 
 
-@app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning.\n\n"
+@app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale.\n\n"
              "Example: flakecheck bench run --json")
 def bench(
-    target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost)"),
+    target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost) | "
+                                 "scale (one process against a local Ray cluster)"),
     json_out: bool = typer.Option(False, "--json", help="print only the JSON line"),
     quick: bool = typer.Option(False, help="a smaller workload (smoke test of the benchmark itself)"),
-    cases: int | None = typer.Option(None, help="run, pinning: demo cases to replay (default 24; pinning 12)"),
+    cases: int | None = typer.Option(None, help="run, pinning, scale: demo cases to replay (default 24; pinning 12)"),
     repeats: int | None = typer.Option(None, help="run, pinning: times each side runs (default 1; pinning 3)"),
+    suite: Path | None = typer.Option(None, help="scale: time this suite in one process (e.g. suites/large.jsonl)"),
 ) -> None:
     import importlib
 
-    targets = ("engine", "kernels", "run", "pinning")
+    targets = ("engine", "kernels", "run", "pinning", "scale")
     if target not in targets:
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
     module = importlib.import_module(f"flakecheck.bench.{target}")
-    extra = {"cases": cases, "repeats": repeats} if target in ("run", "pinning") else {}
+    extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning") else {}
+    if target == "scale":
+        extra = {"cases": cases, "suite": str(suite) if suite else None}
     module.main(json_out=json_out, quick=quick, **extra)
 
 
+def ray_flag(argv: list[str]) -> list[str]:
+    """`--ray` with no address means a local cluster: give it the value "local" (typer's options take one)."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--ray":
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if following is None or not _is_ray_address(following):
+                out.append("local")
+    return out
+
+
+def _is_ray_address(text: str) -> bool:
+    return text in ("auto", "local") or text.startswith("ray://") or (":" in text and "/" not in text)
+
+
 def main() -> None:
+    sys.argv = ray_flag(sys.argv)
     try:
         code = app(standalone_mode=False)  # standalone_mode=False hands back the command's return code
         sys.exit(code if isinstance(code, int) else 0)

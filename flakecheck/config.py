@@ -68,13 +68,20 @@ class RunConfig:
     input_format: str = "auto"
     grader: tuple[str, ...] = ()  # argv of an external grader (flakecheck.grader); () grades by the checks
     grader_timeout: float = GRADER_TIMEOUT_S
+    # where simulated replay runs: None in this process; "local" (a local Ray cluster), "auto" or an address
+    ray: str | None = None
+    workers: int = 2
+    cpus_per_worker: int | None = None
+    allow_mixed_devices: bool = False
 
     def __post_init__(self) -> None:
         normalise_common(self)
         object.__setattr__(self, "compositions", tuple(order_compositions(list(self.compositions))))
         object.__setattr__(self, "grader", grader_argv(self.grader) if self.grader else ())
         object.__setattr__(self, "grader_timeout", check_timeout(self.grader_timeout))
-        check_common(self, (("max_tokens", 1), ("gap_window", 1), ("repeat", 1)))
+        check_common(self, (("max_tokens", 1), ("gap_window", 1), ("repeat", 1), ("workers", 1)))
+        if self.cpus_per_worker is not None and (isinstance(self.cpus_per_worker, bool) or self.cpus_per_worker < 1):
+            raise UserError(f"--cpus-per-worker must be an integer >= 1, got {self.cpus_per_worker!r}")
         from flakecheck.engine.spec import check_settings, parse_kernels
 
         object.__setattr__(self, "kernels", parse_kernels(self.kernels))
@@ -117,6 +124,12 @@ class RunConfig:
             args += ["--grader", shlex.join(self.grader)]
         if self.grader_timeout != defaults.grader_timeout:
             args += ["--grader-timeout", f"{self.grader_timeout:g}"]
+        if self.ray is not None:
+            args += ["--ray", self.ray, "--workers", str(self.workers)]
+            if self.cpus_per_worker is not None:
+                args += ["--cpus-per-worker", str(self.cpus_per_worker)]
+            if self.allow_mixed_devices:
+                args.append("--allow-mixed-devices")
         return args
 
     def command(self) -> str:

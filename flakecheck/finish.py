@@ -15,7 +15,7 @@ from flakecheck.checks import check_label
 from flakecheck.grading import grade_traces
 from flakecheck.rundir import RunData, RunDirectory
 from flakecheck.suite import Suite
-from flakecheck.traces import Trace
+from flakecheck.traces import Trace, traces_digest
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], re
         "reference": reference,
         "thresholds": {"gap_threshold": thresholds.gap_threshold, "gap_window": thresholds.gap_window},
         "gap_noise": tables.gap_noise,
+        "traces_digest": traces_digest(traces),  # equal digests: the same bits
         "versions": versions(),
         "timings": timings,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -44,6 +44,10 @@ class ReplayProgress:
         self.progress.update(self.task, description=f"{composition} (saved)", advance=cases)
 
     def case_done(self, trace: Trace) -> None:
-        self.tokens += len(trace.token_ids)
+        self.tokens_done(len(trace.token_ids))
+
+    def tokens_done(self, tokens: int) -> None:
+        """One case finished with `tokens` generated tokens (here, or on a cluster's actor)."""
+        self.tokens += tokens
         rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
         self.progress.update(self.task, advance=1, rate=f"{rate:.0f}")

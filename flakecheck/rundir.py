@@ -1,8 +1,9 @@
 """The run directory: parquet tables + meta.json, written atomically, read back without the model.
 
 Layout: runs.parquet, tokens.parquet, cases.parquet, meta.json, report.html, and while a run is in
-progress or was interrupted, partial/ (fingerprint.json and one trace parquet per finished
-composition and repeat). `RunDirectory` is the one place that knows these names.
+progress or was interrupted, partial/ (fingerprint.json, one trace parquet per finished composition and
+repeat, and shards/: one per finished shard of a replay on a Ray cluster). `RunDirectory` is the one place
+that knows these names.
 """
 
 from __future__ import annotations
@@ -229,6 +230,16 @@ class RunDirectory:
     def save_traces(self, composition: str, repeat: int, traces: list[Trace]) -> None:
         rows = [vars(t) for t in traces]
         write_table(self._trace_file(composition, repeat), pa.Table.from_pylist(rows, schema=TRACE_SCHEMA))
+
+    def save_shard(self, key: str, traces: list[Trace]) -> None:
+        """A finished shard's traces (some of a run's cases under some compositions), under partial/shards/."""
+        write_table(self.partial_dir / "shards" / f"{key}.parquet",
+                    pa.Table.from_pylist([vars(t) for t in traces], schema=TRACE_SCHEMA))
+
+    def saved_shard_traces(self) -> list[Trace]:
+        """Every trace of the shards an interrupted attempt saved."""
+        return [Trace.from_record(row) for path in sorted((self.partial_dir / "shards").glob("*.parquet"))
+                for row in pq.read_table(path).to_pylist()]
 
     def n_saved(self, work: list[tuple[str, int]]) -> int:
         return sum(self._trace_file(c, r).is_file() for c, r in work)

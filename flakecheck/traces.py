@@ -6,6 +6,9 @@ a probe of a server — and what a run directory keeps under partial/ while a ru
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,3 +39,14 @@ class Trace:
             [float(x) for x in row["top2_logprobs"]], str(row["finish_reason"]),
             None if logits is None else [float(x) for x in logits],
         )
+
+
+def traces_digest(traces: Iterable[Trace]) -> str:
+    """A digest of every token id, top-2 id and logprob of a run's traces, in a fixed order: two runs with
+    equal digests computed the same bits (whatever machine, replay or cluster computed them)."""
+    digest = hashlib.sha256()
+    for t in sorted(traces, key=lambda t: (t.case_id, t.composition, t.repeat)):
+        digest.update(json.dumps([t.case_id, t.composition, t.repeat, t.token_ids, t.top1_ids, t.top2_ids,
+                                  [float(x).hex() for x in t.top1_logprobs],
+                                  [float(x).hex() for x in t.top2_logprobs]]).encode())
+    return digest.hexdigest()[:32]

@@ -19,6 +19,8 @@ import torch
 
 from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
 from flakecheck.engine.loader import LoadedModel
+from flakecheck.engine.spec import resolve_engine
+from flakecheck.machine.probes import ProbeDims
 
 QUESTIONS = [
     "What is the capital of France?", "Name three primary colours.", "How many legs does a spider have?",
@@ -92,7 +94,9 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16") -> dic
     model = load_model(spec, dtype)
     prompts = chat_prompts(model, workload.num_prompts)
     start = time.perf_counter()
-    engine = LLMEngine(model)
+    # the native kernels on the paths chosen for this machine (its CPU's bf16 instructions, if any)
+    kernels = resolve_engine("native", ProbeDims.of(model.config))
+    engine = LLMEngine(model, kernels.ops())
     engine_setup_s = time.perf_counter() - start
     start = time.perf_counter()
     hf_model = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype, use_safetensors=True).eval()
@@ -103,6 +107,7 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16") -> dic
     time_engine(engine, prompts[:2], 2, 2)
     time_hf(hf_model, pad_id, prompts[:2], 2, 2)
     result: dict[str, Any] = {"model": spec, "dtype": dtype, "threads": torch.get_num_threads(),
+                              "machine": kernels.machine.describe(), "native_matmul": kernels.paths.native_matmul,
                               **asdict(workload), "engine_setup_s": round(engine_setup_s, 2),
                               "hf_setup_s": round(hf_setup_s, 2)}
     for batch in workload.batch_sizes:

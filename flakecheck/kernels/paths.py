@@ -23,13 +23,17 @@ SPLIT_MATMUL = ("batched", "tiled", "rowwise")
 # attention: batched matmuls over 64-key blocks with query rows padded to 4 | in fixed 16-row tiles with
 # elementwise sums
 ATTENTION = ("blocks", "tiled")
+# native matmuls of bf16/fp16 weights (no property, only speed; flakecheck.machine.selfcheck chooses by the
+# CPU's ISA): FBGEMM's fp16 GEMM on exact fp16 copies (fast where the CPU has no bf16 instructions) | ATen's
+# own GEMM (oneDNN, on AMX or AVX512-BF16 where the CPU has them)
+NATIVE_MATMUL = ("fbgemm", "aten")
 # RMSNorm, and the log-softmax over the vocabulary: ATen's row kernels | elementwise adds over fixed lanes
 NORM = ("aten", "lanes")
 SOFTMAX = ("aten", "lanes")
 
 CHOICES: dict[str, tuple[str, ...]] = {"fbgemm": FBGEMM, "fixed_matmul": FIXED_MATMUL,
                                        "split_matmul": SPLIT_MATMUL, "attention": ATTENTION,
-                                       "norm": NORM, "softmax": SOFTMAX}
+                                       "norm": NORM, "softmax": SOFTMAX, "native_matmul": NATIVE_MATMUL}
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class KernelPaths:
     attention: str = ATTENTION[0]
     norm: str = NORM[0]
     softmax: str = SOFTMAX[0]
+    native_matmul: str = NATIVE_MATMUL[0]
 
     def __post_init__(self) -> None:
         for f in fields(self):

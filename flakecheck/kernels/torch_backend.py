@@ -47,7 +47,8 @@ class TorchBackend:
     name = "torch"
 
     def __init__(self, fast_cpu_matmuls: bool = True, paths: KernelPaths = FAST) -> None:
-        self.fast_cpu_matmuls, self.paths = fast_cpu_matmuls, paths
+        self.paths = paths
+        self.fast_cpu_matmuls = fast_cpu_matmuls and paths.native_matmul == "fbgemm"
         self.faults = faults.active()  # tests only (flakecheck/kernels/faults.py)
 
     def _fault(self, primitive: str, path: str, out: torch.Tensor, rows: int) -> torch.Tensor:

@@ -197,10 +197,20 @@ def run_checks(ctx: _Context, fingerprint: MachineFingerprint) -> Verification:
                 break
         else:
             failed.append(primitive)
+    if policy.matmul == "native":
+        chosen["native_matmul"] = native_matmul_path(fingerprint)
     invariant_classes = {cls for cls in ("matmul", "attention", "norm") if getattr(policy, cls) == "invariant"}
     invariant_failed = tuple(p for p in failed if _op_class(p) in invariant_classes)
     return Verification(fingerprint, policy.name, KernelPaths(**chosen), tuple(results), needed, tuple(failed),
                         invariant_failed, time.perf_counter() - started)
+
+
+def native_matmul_path(fingerprint: MachineFingerprint) -> str:
+    """ATen's own bf16 GEMM where the CPU has bf16 instructions (oneDNN runs it on AMX or AVX512-BF16: 1.4x
+    transformers' generate beat flakecheck's FBGEMM path at batch 16 on such a Xeon), else FBGEMM's fp16 GEMM
+    on exact copies (ATen's bf16 GEMM is a reference loop without them, 3-8x slower measured here). A rule,
+    not a timing: timings on a shared machine swing more than the choice is worth."""
+    return "aten" if {"amx_bf16", "avx512_bf16"} & set(fingerprint.isa) else "fbgemm"
 
 
 def _op_class(primitive: str) -> str:

@@ -13,55 +13,120 @@ from flakecheck.replay.physical import replay
 from flakecheck.replay.requests import CaseRequest
 from flakecheck.traces import Trace
 
+SHARDS_PER_WORKER = 4  # shards a cluster's actor gets on average: finer balance, less lost with an actor
+
 if TYPE_CHECKING:
     from flakecheck.config import RunConfig
     from flakecheck.engine.spec import EngineSpec
     from flakecheck.progress import ReplayProgress
+    from flakecheck.replay.cluster import Cluster
+    from flakecheck.replay.shards import Shard
     from flakecheck.replay.simulated import RunTraces
     from flakecheck.rundir import RunDirectory
 
 
 def replay_runs(model: LoadedModel, config: RunConfig, spec: EngineSpec, cases: Sequence[CaseRequest],
                 work: Sequence[tuple[Composition, int]], directory: RunDirectory, resume: bool,
-                bar: ReplayProgress) -> tuple[list[Trace], float, dict[str, Any]]:
-    """Every (composition, repeat) of a run, simulated together or replayed one after the other; each
-    finished one is saved at once in the run directory (on resume, the saved ones are read back
-    instead of replayed). Returns the traces in work order, the replay time, and how it replayed."""
+                bar: ReplayProgress, cluster: Cluster | None = None) -> tuple[list[Trace], float, dict[str, Any]]:
+    """Every (composition, repeat) of a run — simulated together (in this process, or in shards on a Ray
+    cluster) or replayed physically one after the other; each finished one is saved at once in the run
+    directory, as is each finished shard (on resume, what was saved is read back instead of replayed).
+    Returns the traces in work order, the replay time, and how it replayed."""
     from flakecheck.analysis import run_label
 
-    ops = spec.ops()
-    done: dict[tuple[str, int], list[Trace]] = {}
     mode, why = replay_mode(config, spec)
     info: dict[str, Any] = {"mode": mode, **({"fallback": why} if why else {})}
-    todo = []
-    for composition, repeat in work:
-        saved = directory.saved_traces(composition.name, repeat) if resume else None
-        if saved is not None:
-            bar.skip(run_label(composition.name, repeat), len(saved))
-            done[(composition.name, repeat)] = saved
-        else:
-            todo.append((composition, repeat))
+    progress = _Runs(work, cases, directory)
+    if resume:
+        for (name, repeat), n in progress.load_saved().items():
+            bar.skip(run_label(name, repeat), n)
+    todo = progress.todo()
     t0 = time.perf_counter()
-    if todo and mode == "simulated":
+    if todo and mode == "simulated" and cluster is not None:
+        info.update(_on_cluster(cluster, cases, todo, progress, bar))
+    elif todo and mode == "simulated":
         from flakecheck.replay.simulated import simulate
 
         def finished_run(run: RunTraces) -> None:
-            traces = run.ordered()
-            directory.save_traces(run.name, run.repeat, traces)
-            done[(run.name, run.repeat)] = traces
+            progress.add(run.ordered())
 
         bar.start(f"{len(todo)} simulated")
-        lockstep = simulate(model, build_model(model, ops), cases, todo, bar.case_done, finished_run)
+        lockstep = simulate(model, build_model(model, spec.ops()), cases, todo, bar.case_done, finished_run)
         info.update(vars(lockstep.stats))
     elif todo:
-        engine = LLMEngine(model, ops)
+        if cluster is not None:
+            info["cluster"] = "not used: physical replay runs each composition in this process"
+        engine = LLMEngine(model, spec.ops())
         for composition, repeat in todo:
             bar.start(run_label(composition.name, repeat))
-            traces = replay(engine, cases, composition, repeat, on_case_done=bar.case_done)
-            directory.save_traces(composition.name, repeat, traces)
-            done[(composition.name, repeat)] = traces
+            progress.add(replay(engine, cases, composition, repeat, on_case_done=bar.case_done))
     replay_s = time.perf_counter() - t0
-    return [t for composition, repeat in work for t in done[(composition.name, repeat)]], replay_s, info
+    return progress.ordered(), replay_s, info
+
+
+def _on_cluster(cluster: Cluster, cases: Sequence[CaseRequest], todo: list[tuple[Composition, int]], progress: _Runs,
+                bar: ReplayProgress) -> dict[str, Any]:
+    """The remaining work in shards on the cluster's actors (what a saved shard already holds is not redone)."""
+    from dataclasses import asdict
+
+    from flakecheck.replay.shards import balance, plan_shards, plan_units
+
+    units = [u for u in plan_units(cases, todo) if not progress.covers(u.jobs)]
+    shards = plan_shards(units, SHARDS_PER_WORKER * max(1, len(cluster.actors)))
+    bar.start(f"{len(shards)} shards")
+
+    def on_shard(shard: Shard, traces: list[Trace]) -> None:
+        progress.directory.save_shard(shard.key, traces)  # kept on Ctrl-C: a resume does not redo it
+        progress.add(traces)
+
+    cluster.run(cases, shards, on_shard, lambda case_id, tokens: bar.tokens_done(tokens))
+    stats = asdict(cluster.stats)
+    stats["predicted_balance"] = round(balance(shards), 3)
+    return {"cluster": stats, "rows": cluster.stats.computed_rows}
+
+
+class _Runs:
+    """The traces of a run's (composition, repeat)s as they arrive, whole or a shard at a time; each whole
+    one saved once it is complete."""
+
+    def __init__(self, work: Sequence[tuple[Composition, int]], cases: Sequence[CaseRequest],
+                 directory: RunDirectory) -> None:
+        self.work, self.directory = list(work), directory
+        self.case_ids = [c.case_id for c in cases]
+        self.traces: dict[tuple[str, int], dict[str, Trace]] = {(c.name, r): {} for c, r in self.work}
+        self.saved: set[tuple[str, int]] = set()
+
+    def load_saved(self) -> dict[tuple[str, int], int]:
+        """Read what an interrupted attempt saved: whole runs, then shards. Returns the whole runs' sizes."""
+        whole = {}
+        for composition, repeat in self.work:
+            saved = self.directory.saved_traces(composition.name, repeat)
+            if saved is not None:
+                self.traces[(composition.name, repeat)] = {t.case_id: t for t in saved}
+                self.saved.add((composition.name, repeat))
+                whole[(composition.name, repeat)] = len(saved)
+        self.add(self.directory.saved_shard_traces())
+        return whole
+
+    def add(self, traces: Sequence[Trace]) -> None:
+        for trace in traces:
+            key = (trace.composition, trace.repeat)
+            if key in self.traces:
+                self.traces[key][trace.case_id] = trace
+        for key, got in self.traces.items():
+            if key not in self.saved and len(got) == len(self.case_ids):
+                self.directory.save_traces(key[0], key[1], [got[c] for c in self.case_ids])
+                self.saved.add(key)
+
+    def todo(self) -> list[tuple[Composition, int]]:
+        return [(c, r) for c, r in self.work if (c.name, r) not in self.saved]
+
+    def covers(self, jobs: Sequence[Any]) -> bool:
+        """Whether every trace these jobs report is already here."""
+        return all(case in self.traces.get((job.name, job.repeat), {}) for job in jobs for case in job.cases or ())
+
+    def ordered(self) -> list[Trace]:
+        return [self.traces[(c.name, r)][case] for c, r in self.work for case in self.case_ids]
 
 
 def replay_mode(config: RunConfig, spec: EngineSpec) -> tuple[str, str | None]:

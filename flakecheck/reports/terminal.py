@@ -103,8 +103,20 @@ def replay_line(meta: dict) -> str | None:
         rows = f" ({shared:,} of {total:,} rows computed once for several)" if shared else ""
         return (f"replay: simulated, {stats['steps']:,} engine steps of every composition in "
                 f"{stats['forward_passes']:,} shared forward passes{rows}, {took}")
+    if mode == "simulated" and cluster_words(stats):
+        return f"replay: simulated{cluster_words(stats)}, {took}"
     fallback = f" — {stats['fallback']}" if stats.get("fallback") else ""
     return f"replay: {mode}, {took}{fallback}"
+
+
+def cluster_words(stats: dict) -> str:
+    """' on a Ray cluster of 2 actors (8 shards, 1 rerun after a lost actor)', or '' without a cluster."""
+    cluster = stats.get("cluster")
+    if not isinstance(cluster, dict):
+        return ""
+    reruns = cluster.get("retries") or 0
+    rerun = f", {reruns} rerun{'s' if reruns != 1 else ''} after a lost actor" if reruns else ""
+    return f" on a Ray cluster of {len(cluster.get('workers') or [])} actors ({cluster.get('shards', 0)} shards{rerun})"
 
 
 def score_lines(facts: RunFacts) -> list[str]:
