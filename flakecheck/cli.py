@@ -22,6 +22,9 @@ kernels_app = typer.Typer(
     no_args_is_help=True, help="Probe the kernel policies. Example: flakecheck kernels check --json"
 )
 app.add_typer(kernels_app, name="kernels")
+from flakecheck.harness.command import import_app  # noqa: E402  (imports only typer and flakecheck's own code)
+
+app.add_typer(import_app, name="import")
 
 
 @app.command(help="Replay a suite under batch compositions and write a run directory.\n\n"
