@@ -11,6 +11,7 @@ import typer
 
 from flakecheck.errors import UserError
 from flakecheck.grader import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
+from flakecheck.harness.command import import_app
 
 app = typer.Typer(
     add_completion=False,
@@ -22,8 +23,6 @@ kernels_app = typer.Typer(
     no_args_is_help=True, help="Probe the kernel policies. Example: flakecheck kernels check --json"
 )
 app.add_typer(kernels_app, name="kernels")
-from flakecheck.harness.command import import_app  # noqa: E402  (imports only typer and flakecheck's own code)
-
 app.add_typer(import_app, name="import")
 
 

@@ -33,11 +33,6 @@ INSPECT, INSPECT_PY = ROOT / ".venv-inspect/bin/inspect", ROOT / ".venv-inspect/
 LM_EVAL = ROOT / ".venv-lmeval/bin/lm_eval"
 TIMEOUT_S = 300  # a bound for a stuck harness, not a speed goal
 
-def show(run) -> str:
-    """What a failed assertion should print: each case's status and answers."""
-    return "\n".join(f"{r.case_id} {r.composition} {r.passed} {r.text!r}" for r in run.runs.itertuples())
-
-
 pytestmark = [
     pytest.mark.harness,
     pytest.mark.skipif(not (INSPECT.exists() and LM_EVAL.exists()),
@@ -150,6 +145,32 @@ def lmeval_samples(serve_model, tmp_path_factory: pytest.TempPathFactory) -> dic
             lines = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
             files[f"c{concurrent}"] = (samples, {str(o["doc_id"]): o for o in lines})
     return files
+
+
+READ_WITH_INSPECT_AI = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from flakecheck.harness.inspect_log import read_inspect_log
+json.dump(read_inspect_log(Path(sys.argv[2]), use_inspect_ai=True), open(sys.argv[3], "w"))
+"""
+
+
+def test_inspect_ais_reader_and_flakecheck_s_own_read_the_same_samples(inspect_logs, tmp_path: Path) -> None:
+    """flakecheck[inspect] reads through inspect_ai (run here in .venv-inspect, which has it); without it, the
+    documented format (.eval: zstd members) is read directly. Both must give the same samples."""
+    from flakecheck.harness.inspect_log import read_inspect_log
+    from flakecheck.harness.inspect_samples import parse_inspect_log
+
+    for name, (log, _) in inspect_logs.items():
+        dumped = tmp_path / f"{name}.json"
+        harness([str(INSPECT_PY), "-c", READ_WITH_INSPECT_AI, str(ROOT), str(log), str(dumped)], tmp_path, {})
+        through_inspect_ai = parse_inspect_log(json.loads(dumped.read_text()), log)
+        own = parse_inspect_log(read_inspect_log(log, use_inspect_ai=False), log)
+        assert own.samples == through_inspect_ai.samples and len(own.samples) == len(QUESTIONS)
+        assert (own.task, own.model, own.concurrency, own.scorer) == (through_inspect_ai.task, through_inspect_ai.model,
+                                                                      through_inspect_ai.concurrency,
+                                                                      through_inspect_ai.scorer)
 
 
 def replay(suite: Path, model, out: Path):

@@ -1,5 +1,8 @@
 """`flakecheck import inspect LOG...` and `flakecheck import lm-eval SAMPLES.jsonl...`: harness runs as a suite
-(--suite) and, with two or more runs of one task, as a run directory (--out)."""
+(--suite) and, with two or more runs of one task, as a run directory (--out).
+
+The readers and the analysis are imported inside the commands, as cli.py does: the CLI is loaded for every
+command, and pandas and pyarrow would add seconds to each."""
 
 from __future__ import annotations
 
@@ -7,18 +10,17 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from flakecheck.analysis import Thresholds
 from flakecheck.errors import UserError
-from flakecheck.harness.inspect_log import inspect_ai_version, read_inspect_log
-from flakecheck.harness.inspect_samples import parse_inspect_log
-from flakecheck.harness.lmeval_samples import read_lmeval_samples
-from flakecheck.harness.model import HarnessLog
-from flakecheck.harness.scorers import map_scorer
-from flakecheck.harness.to_run import composition_names, plan_import, reference_index, write_import_run
-from flakecheck.harness.to_suite import suite_lines, write_suite
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from flakecheck.analysis import Thresholds
+    from flakecheck.harness.model import HarnessLog
 
 MAX_WARNING_LINES = 20
 
@@ -50,6 +52,10 @@ def inspect_command(
     quiet: bool = typer.Option(False, help="print only the summary line"),
     inspect_reader: bool = typer.Option(True, help="read through inspect_ai's own reader when it is installed"),
 ) -> None:
+    from flakecheck.analysis import Thresholds
+    from flakecheck.harness.inspect_log import inspect_ai_version, read_inspect_log
+    from flakecheck.harness.inspect_samples import parse_inspect_log
+
     version = inspect_ai_version() if inspect_reader else None
     reader = f"inspect_ai {version}" if version else "flakecheck (inspect_ai's documented log format)"
 
@@ -79,6 +85,9 @@ def lmeval_command(
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
 ) -> None:
+    from flakecheck.analysis import Thresholds
+    from flakecheck.harness.lmeval_samples import read_lmeval_samples
+
     def read(path: Path) -> HarnessLog:
         return read_lmeval_samples(path, scorer, filter)
 
@@ -91,6 +100,16 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
             quiet: bool, reader: str) -> None:
     from rich.console import Console
     from rich.markup import escape
+
+    from flakecheck.harness.scorers import map_scorer
+    from flakecheck.harness.to_run import (
+        check_out,
+        composition_names,
+        plan_import,
+        reference_index,
+        write_import_run,
+    )
+    from flakecheck.harness.to_suite import suite_lines, write_suite
 
     if suite is None and out is None:
         raise UserError("nothing to write: give --suite FILE (the requests as a suite) and/or --out DIR (a run "
@@ -105,11 +124,9 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
         except ValueError as exc:
             raise UserError(f"--dtype: {exc}") from None
     if out is not None:
-        from flakecheck.harness.to_run import check_out
-
         check_out(out)
     logs = [read(path) for path in paths]  # every file is checked before anything is written
-    given = [n for n in names.split(",")] if names else None
+    given = names.split(",") if names else None
     labels = composition_names(logs, given)
     index = reference_index(logs, labels, reference)
     mapping = map_scorer(logs[index])
@@ -153,13 +170,13 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
     show_finished_run(run, quiet=False)
 
 
-def _warn(console: object, warnings: list[str], skipped: list[dict[str, str]]) -> None:
+def _warn(console: Console, warnings: list[str], skipped: list[dict[str, str]]) -> None:
     from rich.markup import escape
 
     lines = list(dict.fromkeys(warnings)) + [f"sample {s['sample_id']} left out ({s['log']}): {s['reason']}"
                                              for s in skipped]
     for line in lines[:MAX_WARNING_LINES]:
-        console.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)  # type: ignore[attr-defined]
+        console.print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
     if len(lines) > MAX_WARNING_LINES:
-        console.print(f"[yellow]warning:[/] {len(lines) - MAX_WARNING_LINES} more (meta.json: import.skipped, "  # type: ignore[attr-defined]
+        console.print(f"[yellow]warning:[/] {len(lines) - MAX_WARNING_LINES} more (meta.json: import.skipped, "
                       "import.warnings)")

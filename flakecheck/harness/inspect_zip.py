@@ -12,8 +12,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from flakecheck.errors import InputError
 
 ZSTD = 93
@@ -49,7 +47,7 @@ def _member(archive: zipfile.ZipFile, raw: Any, info: zipfile.ZipInfo, name: str
     where = f"{name}:{info.filename}"
     try:
         data = _zstd(raw, info) if info.compress_type == ZSTD else archive.read(info)
-    except (OSError, zipfile.BadZipFile, NotImplementedError, zlib.error, pa.ArrowException, struct.error) as exc:
+    except (OSError, zipfile.BadZipFile, NotImplementedError, zlib.error, ValueError, struct.error) as exc:
         raise InputError(where, None, None, f"cannot read this member of the log: {exc}") from None
     try:
         return json.loads(data)
@@ -58,6 +56,8 @@ def _member(archive: zipfile.ZipFile, raw: Any, info: zipfile.ZipInfo, name: str
 
 
 def _zstd(raw: Any, info: zipfile.ZipInfo) -> bytes:
+    import pyarrow as pa  # here, not above: inspect_log.py is also imported where only inspect_ai is installed
+
     raw.seek(info.header_offset)
     header = raw.read(_LOCAL_HEADER)
     if len(header) < _LOCAL_HEADER or header[:4] != b"PK\x03\x04":
@@ -65,4 +65,7 @@ def _zstd(raw: Any, info: zipfile.ZipInfo) -> bytes:
     name_length, extra_length = struct.unpack("<HH", header[26:30])
     raw.seek(info.header_offset + _LOCAL_HEADER + name_length + extra_length)
     compressed = raw.read(info.compress_size)
-    return pa.Codec("zstd").decompress(compressed, decompressed_size=info.file_size).to_pybytes()
+    try:
+        return pa.Codec("zstd").decompress(compressed, decompressed_size=info.file_size).to_pybytes()
+    except pa.ArrowException as exc:  # corrupt or truncated data: pyarrow's errors are not all OSError/ValueError
+        raise zipfile.BadZipFile(f"zstd: {exc}") from None
