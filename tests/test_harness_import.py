@@ -139,13 +139,15 @@ def test_a_bad_lm_eval_line_exits_2_naming_file_line_and_field(capsys, tmp_path:
     assert not (tmp_path / "s.jsonl").exists()
 
 
-def test_missing_and_errored_samples_are_reported_per_sample_and_left_out(capsys, tmp_path: Path) -> None:
+def test_missing_and_errored_samples_and_other_tasks_or_models_are_reported(capsys, tmp_path: Path) -> None:
     from flakecheck.harness.inspect_zip import read_eval_zip
 
-    log = read_eval_zip(INSPECT_LOGS[1])  # the c16 log as a .json log: one sample dropped, one errored
+    log = read_eval_zip(INSPECT_LOGS[1])  # the c16 log as a .json log: one sample dropped, one errored, one added
     kept = [s for s in log["samples"] if s["id"] != "q3"]
+    kept.append({**kept[0], "id": "q9"})
     errored = next(s for s in kept if s["id"] == "q5")
     errored["error"] = {"message": "RuntimeError: the server went away", "traceback": "", "traceback_ansi": ""}
+    log["eval"] = {**log["eval"], "task": "quick_v2", "model": "openai-api/other/model"}
     (tmp_path / "c16.json").write_text(json.dumps({**log, "samples": kept}))
     code, _, err = run_cli(capsys, "import", "inspect", INSPECT_LOGS[0], tmp_path / "c16.json", "--out",
                            tmp_path / "run", "--no-html")
@@ -153,9 +155,11 @@ def test_missing_and_errored_samples_are_reported_per_sample_and_left_out(capsys
     run = load_run(tmp_path / "run")
     assert "q3" not in set(run.cases.case_id) and "q5" not in set(run.cases.case_id)
     skipped = {s["sample_id"]: s["reason"] for s in run.meta["import"]["skipped"]}
-    assert skipped["q3"] == "missing" and "the server went away" in skipped["q5"]
-    assert "sample q3 left out" in err and "sample q5 left out" in err
+    assert skipped["q3"] == skipped["q9"] == "missing" and "the server went away" in skipped["q5"]
+    assert "sample q3 left out" in err and "sample q5 left out" in err and "sample q9 left out" in err
     assert len(run.cases) == 6
+    for what in ("different tasks", "different models"):
+        assert what in err and any(what in w for w in run.meta["import"]["warnings"])
 
 
 def test_the_reference_and_the_names_can_be_chosen(capsys, tmp_path: Path) -> None:
