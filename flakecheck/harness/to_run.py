@@ -108,10 +108,8 @@ def plan_import(logs: Sequence[HarnessLog], names: Sequence[str], reference: int
         if reason is None:
             plan.cases[sample_id] = per_log
     reference_ids = {s.sample_id for s in first.samples}
-    for samples in kept[1:]:
-        for sample_id in samples:
-            if sample_id not in reference_ids:
-                plan.skipped.append({"sample_id": sample_id, "log": str(first.path), "reason": "missing"})
+    for sample_id in sorted({i for samples in kept[1:] for i in samples} - reference_ids):
+        plan.skipped.append({"sample_id": sample_id, "log": str(first.path), "reason": "missing"})
     if not plan.cases:
         raise UserError("no sample can be compared across the logs (see the warnings above): nothing to write")
     return plan
