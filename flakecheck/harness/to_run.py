@@ -9,6 +9,7 @@ target, which is renamed into place only when complete: an error or Ctrl-C leave
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import tempfile
@@ -153,7 +154,8 @@ def write_import_run(plan: ImportPlan, mapping: ScorerMapping, out: Path, *, sui
                                   vocab.text)
         meta = _meta(plan, mapping, units, dtype, command, reader)
         run = write_run(directory, suite, traces, plan.names[0], thresholds, decode_units, meta, {}, verdicts)
-        run.meta["gap_noise"] = run.meta["gap_noise"] if units and "token" in units.values() else None
+        noise = run.meta["gap_noise"]  # measured on logprobs: none when every case compares by text (NaN)
+        run.meta["gap_noise"] = noise if isinstance(noise, float) and math.isfinite(noise) else None
         for case in run.meta["cases"]:
             case["metadata"]["divergence_by"] = units[case["case_id"]]
         directory.write_meta(run.meta)
