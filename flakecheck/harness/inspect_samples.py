@@ -2,9 +2,10 @@
 whose output was scored, that output with its logprobs, and the chosen scorer's value.
 
 The true input of the model call is the request as it went over the wire (the model event's `call.request`:
-messages, max_tokens, stop, temperature); where a provider logs no call, the event's own `input` messages and
-`config` stand in. A sample's answer call is the last model event before scoring starts: a scorer that calls
-a model (model-graded) adds model events after it, which are the scorer's, not the sample's."""
+messages, max_tokens, stop, temperature) where it has the OpenAI chat shape; where a provider logs no call or
+another shape, the event's own `input` messages and `config` stand in. A sample's answer call is the last
+model event before scoring starts: a scorer that calls a model (model-graded) adds model events after it,
+which are the scorer's, not the sample's."""
 
 from __future__ import annotations
 
@@ -133,7 +134,10 @@ def _request(event: dict[str, Any], config: dict[str, Any]) -> tuple[SentRequest
     call = event.get("call") if isinstance(event.get("call"), dict) else {}
     wire = call.get("request") if isinstance(call.get("request"), dict) else None
     settings = {**config, **(event.get("config") or {})}
-    if wire is not None and isinstance(wire.get("messages"), list):
+    # The wire request is exactly what was sent where it is in the OpenAI chat shape (the openai-api, vllm,
+    # together... providers: what flakecheck replays). Other providers serialise differently (Anthropic puts the
+    # system prompt beside the messages, Google uses `contents`): there inspect's own message list stands in.
+    if wire is not None and isinstance(wire.get("messages"), list) and "system" not in wire:
         raw_messages, max_tokens = wire["messages"], wire.get("max_tokens", wire.get("max_completion_tokens"))
         stop, temperature = wire.get("stop"), wire.get("temperature")
     elif isinstance(event.get("input"), list):
