@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.flakecheck-installed
 # torch==2.13.0 first: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU box.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check ray-setup
+.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check ray-setup harness-setup
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,13 +29,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "warning: could not install chromium; tests/test_html_browser.py will be skipped"
 
-# vllm-setup: the vLLM test (tests/test_vllm.py) needs .venv-vllm; CI must not skip it.
+# vllm-setup: the vLLM test (tests/test_vllm.py) needs .venv-vllm; harness-setup: the eval-harness tests
+# (tests/test_harness_real.py) need .venv-inspect and .venv-lmeval. CI must not skip them.
 # Ray for the cluster tests (tests/test_ray.py): only the tests need it, `make demo` does not.
 RAY ?= ray==2.60.0
 ray-setup: setup
 	@$(PY) -c "import ray" 2>/dev/null || $(PIP) install -q "$(RAY)"
 
-test: setup browser vllm-setup ray-setup
+test: setup browser vllm-setup harness-setup ray-setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 	$(MAKE) wheel-check
@@ -61,6 +62,13 @@ endif
 vllm-setup:
 	VLLM_VENV=$(VLLM_VENV) scripts/vllm_env.sh
 
+# --- The eval harnesses (inspect-ai, lm-eval[api], pinned in scripts/harness_env.sh), each in a venv of its own
+INSPECT_VENV ?= .venv-inspect
+LMEVAL_VENV  ?= .venv-lmeval
+
+harness-setup:
+	INSPECT_VENV=$(INSPECT_VENV) LMEVAL_VENV=$(LMEVAL_VENV) scripts/harness_env.sh
+
 # The probe, then the built-in simulation of the same cases (split-K kernels, batch sizes matching
 # the load levels), then the comparison. The server runs only while the probe does (its own process
 # group, stopped on success, failure and Ctrl-C).
@@ -77,4 +85,4 @@ probe-vllm: setup vllm-setup
 	@echo "probe: $(VLLM_OUT)/probe  simulation: $(VLLM_OUT)/sim  comparison: $(VLLM_OUT)/compare.json"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(INSPECT_VENV) $(LMEVAL_VENV) build *.egg-info

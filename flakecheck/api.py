@@ -41,6 +41,7 @@ from flakecheck.machine.probes import ProbeDims
 from flakecheck.replay import CaseRequest, replay_runs
 from flakecheck.reports.finished import ReportError, show_finished_run, write_report_html
 from flakecheck.rundir import RunData, RunDirectory, load_run
+from flakecheck.stops import apply_stops
 from flakecheck.suite import Suite, check_prompt_lengths, load_suite
 
 if TYPE_CHECKING:
@@ -101,7 +102,10 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
         Console(stderr=True).print(f"[yellow]warning: {replayed['fallback']}[/yellow]")
     with _interruptible(prepared):
         loaded = prepared.model
-        texts = TokenTexts(memo_decode(lambda ids: decode_tokens(loaded, ids)), token_texts(loaded))
+        decode = memo_decode(lambda ids: decode_tokens(loaded, ids))
+        traces, stopped = apply_stops(traces, prepared.suite.cases, decode)  # cases with `stop` sequences
+        texts = TokenTexts(lambda ids: stopped[tuple(ids)] if tuple(ids) in stopped else decode(ids),
+                           token_texts(loaded))
         t0 = time.perf_counter()
         grader = GraderSpec(config.grader, config.grader_timeout) if config.grader else None
         verdicts = grade_run(traces, prepared.suite.cases, texts.decode, grader, prepared.directory.partial_dir,

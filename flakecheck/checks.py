@@ -16,6 +16,16 @@ types whose `value` may be left out, the case's targets standing in for it (any 
   `required`: keys the object must have; a dict `value`: key/value pairs it must contain (strings compared
   ignoring case and spacing).
 - `contains-any`, `contains-all` (targets): any / all of the listed strings occur. Option `ignore_case`.
+- `match` (target): inspect_ai's match() scorer. Options `location` (begin | end | any | exact, default end),
+  `ignore_case` (default true), `numeric` (default false).
+- `exact-match` (target): lm-evaluation-harness's exact_match metric after its filters. Options `filters`
+  (a list of lm-eval filter steps: regex, take_first, remove_whitespace, lowercase, uppercase),
+  `ignore_case`, `ignore_punctuation`, `ignore_numbers`, `regexes_to_ignore`.
+
+The eval harnesses' other deterministic scorers are options of the types above: `exact` with
+`normalize: "squad"` (inspect_ai's exact()), `regex` with `groups: "any" | "all"` (inspect_ai's pattern() and
+answer(): a captured group, or the whole match, equals a target), `choice` with `format: "answer"` and
+`multiple` (inspect_ai's multiple_choice() "ANSWER: X" parsing). Their rules are in flakecheck.checks_harness.
 
 Any type takes a `not-` prefix that inverts it. Also accepted: `equals` -> exact, `includes` -> contains,
 `is-json` -> json, `pattern` / `matches` -> regex, `icontains-any` / `icontains-all` -> contains-any / -all
@@ -40,11 +50,12 @@ from typing import Any
 
 import regex
 
+from flakecheck import checks_harness as harness
 from flakecheck.errors import InputError
 
 CHECK_TYPES: tuple[str, ...] = (
     "exact", "contains", "icontains", "starts-with", "regex", "numeric", "choice", "json",
-    "contains-any", "contains-all",
+    "contains-any", "contains-all", "match", "exact-match",
 )
 
 # Spelling -> (canonical type, options it implies).
@@ -62,17 +73,23 @@ _ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 
 # Types whose value may be omitted because the case target stands in for it.
 TARGET_TYPES = frozenset({"exact", "contains", "icontains", "starts-with", "numeric", "choice",
-                          "contains-any", "contains-all"})
+                          "contains-any", "contains-all", "match", "exact-match"})
 
 REGEX_TIMEOUT_S = 0.25
 _KNOWN_OPTIONS = {
+    "exact": {"normalize"},
     "numeric": {"abs_tol", "rel_tol"},
     "json": {"required"},
-    "regex": {"ignore_case"},
+    "regex": {"ignore_case", "groups"},
     "contains-any": {"ignore_case"},
     "contains-all": {"ignore_case"},
-    "choice": {"letters"},
+    "choice": {"letters", "format", "multiple"},
+    "match": {"location", "ignore_case", "numeric"},
+    "exact-match": {"filters", "ignore_case", "ignore_punctuation", "ignore_numbers", "regexes_to_ignore"},
 }
+_BOOLEAN_OPTIONS = {"ignore_case", "numeric", "multiple", "ignore_punctuation", "ignore_numbers"}
+_CHOICES = {"normalize": ("whitespace", "squad"), "groups": ("first", "any", "all"), "format": ("letter", "answer"),
+            "location": harness.LOCATIONS}
 _IGNORED_KEYS = {"type", "value", "metric", "weight", "description"}  # promptfoo extras with no meaning here
 
 
@@ -114,9 +131,44 @@ def parse_check(obj: Any, path: str, line: int, field: str) -> Check:
             continue
         if key not in _KNOWN_OPTIONS.get(check_type, set()):
             raise fail(f"'{check_type}' does not take an option '{key}'", f".{key}")
+        if key in _BOOLEAN_OPTIONS and not isinstance(option, bool):
+            raise fail(f"'{key}' must be true or false", f".{key}")
+        if key in _CHOICES and option not in _CHOICES[key]:
+            raise fail(f"'{key}' must be one of {', '.join(_CHOICES[key])}, got {option!r}", f".{key}")
         options[key] = option
+    if check_type == "exact-match":
+        _check_lm_eval_options(options, fail)
     value = _parse_value(check_type, obj.get("value"), options, fail)
     return Check(check_type, value, negate, options)
+
+
+def _check_lm_eval_options(options: dict[str, Any], fail: Any) -> None:
+    ignore = options.get("regexes_to_ignore", [])
+    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
+        raise fail("'regexes_to_ignore' must be a list of regex strings", ".regexes_to_ignore")
+    for pattern in ignore:
+        _valid_regex(pattern, fail, ".regexes_to_ignore")
+    filters = options.get("filters", [])
+    if not isinstance(filters, list):
+        raise fail("'filters' must be a list of lm-eval filter steps", ".filters")
+    for i, step in enumerate(filters):
+        where = f".filters[{i}]"
+        if not isinstance(step, dict) or step.get("function") not in harness.LM_EVAL_FILTERS:
+            raise fail("a filter step is an object whose 'function' is one of "
+                       + ", ".join(harness.LM_EVAL_FILTERS), where)
+        if step["function"] == "regex":
+            _valid_regex(step.get("regex_pattern"), fail, f"{where}.regex_pattern")
+            if isinstance(step.get("group_select", 0), bool) or not isinstance(step.get("group_select", 0), int):
+                raise fail("'group_select' must be an integer", f"{where}.group_select")
+
+
+def _valid_regex(pattern: Any, fail: Any, where: str) -> None:
+    if not isinstance(pattern, str) or not pattern:
+        raise fail("expected a regex string", where)
+    try:
+        _compile(pattern, False)
+    except regex.error as err:
+        raise fail(f"invalid regex {pattern!r}: {err}", where) from None
 
 
 def _canonical_type(raw: str) -> tuple[str | None, bool, dict[str, Any]]:
@@ -134,7 +186,7 @@ def _canonical_type(raw: str) -> tuple[str | None, bool, dict[str, Any]]:
 
 def _parse_value(check_type: str, value: Any, options: dict[str, Any], fail: Any) -> Any:
     """Validate and normalise a check's value (and its options) for its type."""
-    if check_type in ("exact", "contains", "icontains", "starts-with"):
+    if check_type in ("exact", "contains", "icontains", "starts-with", "match", "exact-match"):
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -332,15 +384,22 @@ def _evaluate(output: str, check: Check, targets: Sequence[str]) -> bool:
         found = (needle in haystack for needle in needles)
         return any(found) if kind == "contains-any" else all(found)
     expected = [check.value] if check.value is not None else list(targets)
+    if kind in ("match", "exact-match"):
+        return _harness_passes(output, check, [str(e) for e in expected])
     if kind == "numeric":
         return _numeric_passes(output, check, expected)
     if kind == "choice":
         letters = check.options.get("letters", _DEFAULT_LETTERS)
+        if check.options.get("format") == "answer":
+            wanted_letters = harness.target_letters([str(e) for e in expected])
+            return harness.answer_letters(output, letters, bool(check.options.get("multiple"))) == wanted_letters
         answer = extract_choice(output, letters)
         wanted = {choice_letter_of_target(e, letters) if isinstance(e, str) else None for e in expected}
         return answer is not None and answer in wanted
     expected_texts = [str(e) for e in expected]
     if kind == "exact":
+        if check.options.get("normalize") == "squad":
+            return harness.squad_exact(output, expected_texts)
         normalised = normalise_whitespace(output)
         return any(normalised == normalise_whitespace(e) for e in expected_texts)
     if kind == "contains":
@@ -353,6 +412,19 @@ def _evaluate(output: str, check: Check, targets: Sequence[str]) -> bool:
     raise ValueError(f"unknown check type {kind!r}")  # parse_check admits only CHECK_TYPES
 
 
+def _harness_passes(output: str, check: Check, expected: list[str]) -> bool:
+    options = check.options
+    try:
+        if check.type == "match":
+            return any(harness.inspect_match(output, e, options.get("location", "end"),
+                                             options.get("ignore_case", True), options.get("numeric", False))
+                       for e in expected)
+        prediction = harness.lm_eval_filter(output, options.get("filters", []), REGEX_TIMEOUT_S)
+        return any(harness.lm_eval_exact(prediction, e, options, REGEX_TIMEOUT_S) for e in expected)
+    except harness.RegexTimeout:
+        raise _Undecided from None
+
+
 def _regex_passes(output: str, check: Check, targets: Sequence[str]) -> bool:
     pattern = _compile(check.value, bool(check.options.get("ignore_case", False)))
     try:
@@ -361,6 +433,9 @@ def _regex_passes(output: str, check: Check, targets: Sequence[str]) -> bool:
         raise _Undecided from None
     if match is None:
         return False
+    if check.options.get("groups") in ("any", "all"):
+        return bool(targets) and harness.pattern_groups_match(match, targets, bool(check.options.get("ignore_case")),
+                                                              check.options["groups"] == "all")
     if pattern.groups and targets:
         captured = normalise_whitespace(match.group(1) or "")
         return any(captured == normalise_whitespace(t) for t in targets)
@@ -434,6 +509,13 @@ def check_label(check: Check) -> str:
         extras.append("required " + ", ".join(check.options["required"]))
     if check.options.get("ignore_case") and check.type not in ("icontains",):
         extras.append("ignore case")
+    for key in ("normalize", "groups", "format", "location"):
+        if key in check.options:
+            extras.append(f"{key} {check.options[key]}")
+    if check.options.get("numeric"):
+        extras.append("numeric")
+    if check.options.get("filters"):
+        extras.append("filters " + ", ".join(str(f["function"]) for f in check.options["filters"]))
     text = f"{name} {detail}".rstrip()
     return f"{text} ({'; '.join(extras)})" if extras else text
 

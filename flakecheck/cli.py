@@ -11,6 +11,7 @@ import typer
 
 from flakecheck.errors import UserError
 from flakecheck.grader import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
+from flakecheck.harness.command import import_app
 
 app = typer.Typer(
     add_completion=False,
@@ -22,6 +23,7 @@ kernels_app = typer.Typer(
     no_args_is_help=True, help="Probe the kernel policies. Example: flakecheck kernels check --json"
 )
 app.add_typer(kernels_app, name="kernels")
+app.add_typer(import_app, name="import")
 
 
 @app.command(help="Replay a suite under batch compositions and write a run directory.\n\n"
@@ -227,12 +229,14 @@ def serve(
     enable_prefix_caching: bool = typer.Option(False, help="reuse cached prompt blocks across requests"),
     max_model_len: int | None = typer.Option(None, help="cap the context below the model's (bounds the KV cache)"),
     served_model_name: str | None = typer.Option(None, help="the model id the API reports (default: --model)"),
+    quiet: bool = typer.Option(False, help="no access log (by default one line per request on stderr: method, "
+                               "path, status, latency, request id, token counts; never a body or a key)"),
 ) -> None:
     from flakecheck.serve.command import serve_command
     from flakecheck.serve.state import ServeSettings
 
     serve_command(ServeSettings(model, kernels, dtype, profile, max_num_seqs, max_num_batched_tokens,
-                                enable_prefix_caching, max_model_len, served_model_name), host, port)
+                                enable_prefix_caching, max_model_len, served_model_name), host, port, quiet)
 
 
 @app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale.\n\n"

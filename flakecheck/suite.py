@@ -17,6 +17,9 @@ Accepted per line (a JSON object):
 - target: `target`, `ideal` (OpenAI evals), `expected`, `answer` (a string, a number, or a list of them).
 - checks: `checks` or `assert` (promptfoo), a list of check objects or a single one (see flakecheck.checks).
 - `max_tokens` (positive integer), `metadata` (object, carried into reports).
+- `stop`: stop sequences (a string or a list of non-empty strings), as the OpenAI API takes them: the answer ends
+  with the token that completes the first occurrence and its text is cut before it (what a harness such as
+  lm-eval sends, so an imported suite replays the harness's requests exactly; see flakecheck.stops).
 
 Two spellings of one field on a line (say `target` and `answer`) are an error rather than a silent choice.
 Other keys are ignored, with one warning listing them (it catches typos such as `targte`).
@@ -44,7 +47,7 @@ Messages = list[dict[str, str]]
 _INPUT_KEYS = ("input", "prompt", "messages")
 _TARGET_KEYS = ("target", "ideal", "expected", "answer")
 _CHECK_KEYS = ("checks", "assert")
-_KNOWN_KEYS = {"id", *_INPUT_KEYS, *_TARGET_KEYS, *_CHECK_KEYS, "max_tokens", "metadata", "choices", "vars"}
+_KNOWN_KEYS = {"id", *_INPUT_KEYS, *_TARGET_KEYS, *_CHECK_KEYS, "max_tokens", "metadata", "choices", "vars", "stop"}
 _VARS_INPUT_KEYS = ("input", "prompt", "question")
 _CHOICE_LETTERS = "ABCDEFGHIJ"
 
@@ -59,6 +62,7 @@ class Case:
     metadata: dict[str, Any] = field(hash=False)
     line: int
     input_key: str = "input"  # input | prompt | messages | vars: decides chat vs raw (flakecheck.input_format)
+    stop: tuple[str, ...] = ()  # stop sequences: the answer ends where the first one appears
 
     @property
     def is_chat(self) -> bool:
@@ -207,7 +211,17 @@ def _parse_case(obj: dict[str, Any], path: str, line: int, position: int) -> Cas
         metadata = {}
     if not isinstance(metadata, dict):
         raise fail("metadata", f"expected an object, got {_kind(metadata)}")
-    return Case(case_id, case_input, targets, checks, max_tokens, metadata, line, input_key)
+    return Case(case_id, case_input, targets, checks, max_tokens, metadata, line, input_key,
+                _parse_stop(obj.get("stop"), fail))
+
+
+def _parse_stop(raw: Any, fail: Callable[..., InputError]) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise fail("stop", f"expected a non-empty string or a list of them, got {_kind(raw)}")
+    return tuple(items)
 
 
 def _one_of(obj: dict[str, Any], keys: Sequence[str], fail: Callable[..., InputError]) -> tuple[str | None, Any]:

@@ -51,6 +51,26 @@ CASES = [
     ({"type": "contains-all", "value": ["cat", "dog"]}, [], "cat and dog", "cat alone"),
     ({"type": "icontains-all", "value": ["cat", "dog"]}, [], "CAT and DOG", "CAT alone"),
     ({"type": "Contains_All", "value": ["x"]}, [], "x", "y"),
+    # the eval harnesses' scorers (inspect_ai 0.3.285, lm-eval 0.4.13), cases read off their documentation
+    ({"type": "match"}, ["Paris"], "The capital of France is paris.", "Paris is the capital."),
+    ({"type": "match", "location": "begin"}, ["Paris"], "Paris is the capital.", "The capital is Paris"),
+    ({"type": "match", "location": "any", "ignore_case": False}, ["Paris"], "I say Paris, yes", "I say paris"),
+    ({"type": "match", "numeric": True}, ["1234"], "It costs $1,234.", "It costs 1234 or 25"),
+    ({"type": "match", "numeric": True, "location": "begin"}, ["5"], "5 apples, not 3", "25 apples"),
+    ({"type": "exact", "normalize": "squad"}, ["Paris"], "The Paris!", "Paris, France"),
+    ({"type": "regex", "value": r"ANSWER\s*:\s*(\w+)", "ignore_case": True, "groups": "any"}, ["yes"],
+     "answer: YES", "ANSWER: no"),
+    ({"type": "regex", "value": r"(\d+) and (\d+)", "groups": "all"}, ["3"], "3 and 3", "3 and 4"),
+    ({"type": "choice", "format": "answer", "letters": "ABCD"}, ["C"], "I think so.\nANSWER: c", "ANSWER: C, D"),
+    ({"type": "choice", "format": "answer", "letters": "ABCD", "multiple": True}, ["A,C"], "ANSWER: A, C",
+     "ANSWER: A"),
+    ({"type": "exact-match"}, ["Paris"], "Paris", " Paris"),
+    ({"type": "exact-match", "ignore_case": True, "ignore_punctuation": True,
+      "filters": [{"function": "regex", "regex_pattern": "(\\w+)"}, {"function": "take_first"}]},
+     ["paris"], "Paris. It is.", "It is Paris."),
+    ({"type": "exact-match", "regexes_to_ignore": [","],
+      "filters": [{"function": "regex", "regex_pattern": "#### (\\-?[0-9\\.\\,]+)"}]},
+     ["1234"], "so #### 1,234", "so 1234"),
 ]
 
 

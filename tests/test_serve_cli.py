@@ -27,11 +27,13 @@ def cli_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
     return exit_info.value.code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_serve_starts_on_a_free_port_answers_and_stops_cleanly(tiny_model_dir: Path, stop: signal.Signals) -> None:
+@pytest.mark.parametrize(("stop", "quiet"), [(signal.SIGINT, False), (signal.SIGTERM, True)],
+                         ids=["ctrl-c", "sigterm-quiet"])
+def test_serve_starts_on_a_free_port_answers_and_stops_cleanly(tiny_model_dir: Path, stop: signal.Signals,
+                                                               quiet: bool) -> None:
     command = [sys.executable, "-c", "from flakecheck.cli import main; main()", "serve", "--model",
                str(tiny_model_dir), "--port", "0", "--kernels", "invariant", "--dtype", "float32",
-               "--max-num-seqs", "4"]
+               "--max-num-seqs", "4", *(["--quiet"] if quiet else [])]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines: queue.Queue[str] = queue.Queue()
@@ -53,6 +55,10 @@ def test_serve_starts_on_a_free_port_answers_and_stops_cleanly(tiny_model_dir: P
     stderr = proc.stderr.read()
     assert code == 0, stderr
     assert "Traceback" not in stderr
+    access = [line for line in stderr.splitlines() if re.search(r"Z (GET|POST) /\S* \d{3} ", line)]
+    # the access log: one line per request, unless --quiet
+    assert [line.split()[1:4] for line in access] == ([] if quiet else [["GET", "/v1/models", "200"],
+                                                                        ["POST", "/v1/chat/completions", "200"]])
 
 
 @pytest.mark.parametrize(("args", "message"), [

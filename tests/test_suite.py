@@ -282,3 +282,16 @@ def test_any_ids_inputs_and_targets_load_back_unchanged(tmp_path: Path, rows: li
 def test_unicode_line_separators_inside_strings_do_not_split_lines(tmp_path: Path) -> None:
     suite = load(tmp_path, [{"id": "a", "input": "one\u2028two\x85three"}, {"id": "b", "input": "x"}])
     assert suite.cases[0].input == "one\u2028two\x85three" and suite.cases[1].line == 2
+
+
+def test_stop_sequences_are_read_as_a_list(tmp_path: Path) -> None:
+    suite = load(tmp_path, [{"id": "a", "prompt": "x", "stop": "\n\n"}, {"id": "b", "prompt": "x", "stop": ["Q:", "#"]},
+                            {"id": "c", "prompt": "x"}])
+    assert [c.stop for c in suite.cases] == [("\n\n",), ("Q:", "#"), ()]
+
+
+@pytest.mark.parametrize("bad", [3, [""], ["ok", 4], {"a": 1}])
+def test_a_bad_stop_names_the_line_and_field(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(InputError) as info:
+        load(tmp_path, [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "x", "stop": bad}])
+    assert info.value.line == 2 and info.value.field == "stop"

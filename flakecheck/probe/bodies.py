@@ -28,6 +28,7 @@ class CasePrompt:
     api: str  # chat | completions
     prompt: str | Messages
     max_tokens: int
+    stop: tuple[str, ...] = ()  # the case's stop sequences, sent as the request's `stop`
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,14 @@ class BodyOptions:
 
 
 def completion_body(options: BodyOptions, api: str, prompt: str | Messages, max_tokens: int, *,
-                    salt: str | None, share_cache: bool = False, logprobs: bool = True) -> dict[str, Any]:
+                    salt: str | None, share_cache: bool = False, logprobs: bool = True,
+                    stop: tuple[str, ...] = ()) -> dict[str, Any]:
     """A greedy request; `salt` names the requests allowed to share cached prefixes (None: the server's
     default); `share_cache` lets llama.cpp reuse its slot's cache (the prefix level's warm-up pair)."""
     body: dict[str, Any] = {"model": options.model, "max_tokens": max_tokens, "temperature": 0, "n": 1,
                             "stream": False}
+    if stop:
+        body["stop"] = list(stop)
     if api == "chat":
         body["messages"] = prompt
         if logprobs:
@@ -70,5 +74,5 @@ def case_prompts(suite: Suite, api: str | None, max_tokens: int) -> tuple[list[C
     template: one without answers the chat check request with an error), and what was applied."""
     prompts, applied = resolve_inputs(suite, INPUT_FORMAT_OF_API[api], has_chat_template=True)
     cases = [CasePrompt(case.id, "chat" if isinstance(prompts[case.id], list) else "completions", prompts[case.id],
-                        case.max_tokens or max_tokens) for case in suite.cases]
+                        case.max_tokens or max_tokens, case.stop) for case in suite.cases]
     return cases, applied

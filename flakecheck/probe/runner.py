@@ -73,9 +73,10 @@ async def run_level(client: ServerClient, options: BodyOptions, level: LoadLevel
             # The warm-up and the case share a salt: the case may reuse the warm-up's cached prompt.
             warm = completion_body(options, case.api, case.prompt, 1, salt=salt, share_cache=True, logprobs=False)
             await client.complete(case.api, warm, logprobs_required=False)
-            body = completion_body(options, case.api, case.prompt, case.max_tokens, salt=salt, share_cache=True)
+            body = completion_body(options, case.api, case.prompt, case.max_tokens, salt=salt, share_cache=True,
+                                   stop=case.stop)
         else:
-            body = completion_body(options, case.api, case.prompt, case.max_tokens, salt=salt)
+            body = completion_body(options, case.api, case.prompt, case.max_tokens, salt=salt, stop=case.stop)
         return await client.complete(case.api, body)
 
     async def case_worker() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from fastapi import FastAPI
 
+from flakecheck.serve.access_log import AccessLog
 from flakecheck.serve.chat import router as chat_router
 from flakecheck.serve.completions import router as completions_router
 from flakecheck.serve.errors import APIError, install_error_handlers
@@ -16,8 +17,9 @@ from flakecheck.serve.state import ServerState
 from flakecheck.serve.tokenize import router as tokenize_router
 
 
-def build_app(state: ServerState) -> FastAPI:
-    """The app over a built server state; its lifespan starts and stops the engine loop."""
+def build_app(state: ServerState, access_log: TextIO | None = None) -> FastAPI:
+    """The app over a built server state; its lifespan starts and stops the engine loop. With `access_log`,
+    one line per request is written there (flakecheck.serve.access_log)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -30,6 +32,8 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="flakecheck serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
     install_error_handlers(app)
+    if access_log is not None:
+        app.add_middleware(AccessLog, stream=access_log)
     app.include_router(chat_router)
     app.include_router(completions_router)
     app.include_router(tokenize_router)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from jinja2 import TemplateError
 
 from flakecheck.engine import encode_prompt
+from flakecheck.serve.access_log import GENERATION
 from flakecheck.serve.engine_loop import Update
 from flakecheck.serve.errors import bad_request
 from flakecheck.serve.generation import Generation, plan_prompt
@@ -28,6 +29,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     top_n = body.top_n()
     ids = encode_messages(state, [m.as_template_input() for m in body.messages])
     gen = Generation(state, "chatcmpl", [plan_prompt(state, ids, body.requested_max_tokens(), None, "messages")], body)
+    setattr(request.state, GENERATION, gen)  # the access log's id and token counts
     head = {"id": gen.id, "object": "chat.completion", "created": int(time.time()), "model": state.model_id,
             "system_fingerprint": state.fingerprint}
 

@@ -11,7 +11,8 @@ from flakecheck.serve.server import bind_socket, serve_forever, url_of
 from flakecheck.serve.state import ServeSettings, build_state
 
 
-def serve_command(settings: ServeSettings, host: str, port: int) -> None:
+def serve_command(settings: ServeSettings, host: str, port: int, quiet: bool = False) -> None:
+    """Serve until stopped; unless `quiet`, an access log line per request on stderr."""
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be 0..65535 (0: any free port), got {port}")
     sock = bind_socket(host, port)  # first: a taken port fails before minutes of model loading
@@ -25,7 +26,7 @@ def serve_command(settings: ServeSettings, host: str, port: int) -> None:
               f"dtype {c.dtype}, profile {c.profile}, max-num-seqs {c.max_num_seqs}, "
               f"fingerprint {state.fingerprint})", flush=True)
         print(f"machine: {state.spec.verification.summary()}", flush=True)
-        serve_forever(build_app(state), sock)
+        serve_forever(build_app(state, None if quiet else sys.stderr), sock)
     finally:
         sock.close()
 

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from flakecheck.engine import encode_prompt
+from flakecheck.serve.access_log import GENERATION
 from flakecheck.serve.engine_loop import Update
 from flakecheck.serve.errors import bad_request
 from flakecheck.serve.generation import Generation, plan_prompt
@@ -29,6 +30,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     prompts = [plan_prompt(state, ids, body.max_tokens, DEFAULT_MAX_TOKENS, "prompt")
                for ids in prompt_ids(state, body.prompt)]
     gen = Generation(state, "cmpl", prompts, body)
+    setattr(request.state, GENERATION, gen)  # the access log's id and token counts
     head = {"id": gen.id, "object": "text_completion", "created": int(time.time()), "model": state.model_id,
             "system_fingerprint": state.fingerprint}
     as_id = body.return_tokens_as_token_ids

@@ -1,0 +1,52 @@
+"""Stop sequences in a replay, applied as an OpenAI-compatible server applies them (`flakecheck serve`, vLLM):
+the answer ends with the token whose text completes the first occurrence of any stop sequence, and its text
+is cut before that occurrence.
+
+The engine itself stops only at EOS or max_tokens, so a replay generates on and the trace is cut here, after
+the fact. Greedy tokens depend only on the tokens before them, so the cut trace is the one a stopping server
+gives for the same batch-mates; what differs is that the replayed sequence kept its batch slot a little
+longer (a server frees it at the stop), which matters only to compositions above one sequence a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from flakecheck.serve.stop import find_stop
+from flakecheck.suite import Case
+from flakecheck.traces import Trace
+
+
+def stop_length(token_ids: Sequence[int], stops: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:
+    """How many tokens the answer keeps: the first k whose text contains a stop sequence; None when none does."""
+    if not stops or find_stop(decode(list(token_ids)), stops) is None:
+        return None
+    for k in range(1, len(token_ids) + 1):
+        if find_stop(decode(list(token_ids[:k])), stops) is not None:
+            return k
+    return None  # unreachable: the whole text has a stop
+
+
+def apply_stops(traces: Sequence[Trace], cases: Sequence[Case], decode: Callable[[list[int]], str]
+                ) -> tuple[list[Trace], dict[tuple[int, ...], str]]:
+    """Every trace cut at its case's stop sequences (finish_reason "stop"), and the cut texts by token ids
+    (the text a server returns: the decoded tokens up to the stop sequence, without it)."""
+    stops = {case.id: case.stop for case in cases if case.stop}
+    out: list[Trace] = []
+    texts: dict[tuple[int, ...], str] = {}
+    for trace in traces:
+        case_stops = stops.get(trace.case_id, ())
+        keep = stop_length(trace.token_ids, case_stops, decode) if case_stops else None
+        if keep is None:
+            out.append(trace)
+            continue
+        ids = trace.token_ids[:keep]
+        text = decode(list(ids))
+        cut = find_stop(text, case_stops)
+        texts[tuple(ids)] = text[:cut] if cut is not None else text
+        out.append(replace(
+            trace, token_ids=ids, top1_ids=trace.top1_ids[:keep], top1_logprobs=trace.top1_logprobs[:keep],
+            top2_ids=trace.top2_ids[:keep], top2_logprobs=trace.top2_logprobs[:keep], finish_reason="stop",
+            top1_logits=None if trace.top1_logits is None else trace.top1_logits[:keep]))
+    return out, texts
