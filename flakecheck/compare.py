@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from flakecheck.errors import UserError
-from flakecheck.reports.facts import DIVERGED, clean, records
+from flakecheck.reports.facts import DIVERGED, EngineFacts, clean, records
 from flakecheck.rundir import RunData, load_run
 
 CATEGORIES = ("both", "a_only", "b_only", "neither")
@@ -117,8 +117,8 @@ def _describe(run: RunData) -> dict[str, Any]:
     meta = run.meta
     server = meta.get("server") if isinstance(meta.get("server"), dict) else {}
     return {"path": str(run.path), "source": meta.get("source", "engine"), "model": meta.get("model"),
-            "policy": meta.get("policy"), "endpoint": server.get("endpoint"), "suite_sha256": meta.get("suite_sha256"),
-            "n_cases": len(run.cases)}
+            "policy": EngineFacts.of(meta).policy, "endpoint": server.get("endpoint"),
+            "suite_sha256": meta.get("suite_sha256"), "n_cases": len(run.cases)}
 
 
 def compare_command(path_a: Path, path_b: Path, json_out: bool = False) -> int:

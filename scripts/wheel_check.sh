@@ -26,7 +26,7 @@ for cmd in "" run probe compare report gate explain repro serve bench "kernels" 
   # shellcheck disable=SC2086
   "$bin" $cmd --help >/dev/null || { echo "flakecheck $cmd --help failed"; exit 1; }
 done
-"$bin" run "$root/suites/demo.jsonl" --ids "${WHEEL_CHECK_IDS:-math-03,code-02}" --max-tokens 24 --out "$work/run" \
+"$bin" run "$root/suites/demo.jsonl" --ids "${WHEEL_CHECK_IDS:-math-03,code-02}" --max-tokens 12 --out "$work/run" \
   --quiet
 "$bin" explain "$work/run" --quiet --no-fixes >/dev/null
 test -f "$work/run/attribution.parquet" && test -f "$work/run/report.html"

@@ -26,7 +26,6 @@ from flakecheck.explain.repro import needed_cases, write_repro
 from flakecheck.explain.source import open_run, with_requests
 from flakecheck.explain.summary import LABELS
 from flakecheck.kernels import get_ops
-from flakecheck.kernels.policy import parse_policy
 from flakecheck.replay.simulated import Job, Simulation
 from flakecheck.rundir import RunData
 from tests.test_run import cli_run
@@ -127,7 +126,7 @@ def test_split_k_matmuls_alone_are_attributed_to_matmuls(wide, suite, tmp_path) 
     """Under matmul=splitk with fixed-order attention and norms, matmuls are the only reduction that can flip a
     case: every diverged case is attributed to them, and the other reductions are not candidates."""
     mixed = run(wide, suite, tmp_path / "mixed", "matmul=splitk,attention=invariant,norm=invariant")
-    assert mixed.meta["policy"] == "matmul=splitk,attention=invariant,norm=invariant"
+    assert mixed.meta["engine"]["op_classes"] == {"matmul": "splitk", "attention": "invariant", "norm": "invariant"}
     cases = diverged(mixed)
     assert cases
     explained = flakecheck.explain_run(mixed.path, model=wide, steps_after=1, fixes=False)
@@ -280,7 +279,7 @@ def test_mixed_kernel_flags_parse(monkeypatch) -> None:
 
     config = parsed_by_the_cli(["flakecheck", "run", "s.jsonl", "--kernels", "attention=splitk, matmul=splitk"],
                                monkeypatch)
-    policy = parse_policy(config.kernels)
+    policy = config.kernels
     assert (policy.matmul, policy.attention, policy.norm) == ("splitk", "splitk", "invariant")
 
 
