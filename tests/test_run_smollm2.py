@@ -40,6 +40,16 @@ def test_invariant_kernels_make_every_default_composition_bitwise_identical(smol
     assert (per_step.top1_logprob.nunique() == 1).all() and (per_step.top2_logprob.nunique() == 1).all()
 
 
+def test_invariant_kernels_are_bitwise_in_float32_too(subset, tmp_path) -> None:
+    """float32 takes other GEMM paths than bf16 (MKL's sgemm, not FBGEMM), whose rows once depended on the
+    batch on AVX-512 CPUs; the logprobs of every composition must still be the same bits."""
+    model = load_model("smollm2", "float32")
+    run = flakecheck.run_suite(subset, model=model, kernels="invariant", out=tmp_path / "inv32", html=False)
+    per_step = run.tokens.groupby(["case_id", "step"])
+    assert (per_step.top1_logprob.nunique() == 1).all() and (per_step.top2_logprob.nunique() == 1).all()
+    assert run.runs.first_divergence.isna().all()
+
+
 @pytest.fixture(scope="module")
 def splitk_runs(smollm2, subset, tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunData]:
     out = tmp_path_factory.mktemp("splitk")
