@@ -38,7 +38,7 @@ ray-setup: setup
 
 test: setup browser vllm-setup harness-setup ray-setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 	$(MAKE) wheel-check
 
 # Install as users do: sdist -> wheel -> a fresh venv without -e; every --help, a two-case run and explain.
