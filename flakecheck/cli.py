@@ -178,11 +178,16 @@ def explain(
     no_fixes: bool = typer.Option(False, "--no-fixes", help="attribution only: skip replaying and pricing fixes"),
     top: int = typer.Option(20, help="how many cases to list"),
     quiet: bool = typer.Option(False, help="no progress bar"),
+    ray: str | None = typer.Option(None, "--ray", help="the targeted replays in shards on a Ray cluster: --ray "
+                                   "alone starts a local one, --ray auto joins the running one, or give its address"),
+    workers: int = typer.Option(2, help="--ray: replay actors (each loads the model once)"),
+    cpus_per_worker: int | None = typer.Option(None, help="--ray: CPUs (threads) per actor (default: shared out)"),
+    allow_mixed_devices: bool = typer.Option(False, help="--ray: run even when actors' machines differ"),
 ) -> None:
     from flakecheck.explain.command import explain_from_cli
 
     raise typer.Exit(explain_from_cli(run_dir, ids, json_out, steps_after, grader, grader_timeout, suite,
-                                      not no_fixes, top, quiet))
+                                      not no_fixes, top, quiet, ray, workers, cpus_per_worker, allow_mixed_devices))
 
 
 @app.command(help="Write a self-contained directory that reproduces one case's flip: its suite lines, the two "

@@ -57,6 +57,26 @@ def test_a_two_actor_cluster_gives_the_bits_of_one_process(tiny_wide_model_dir, 
     assert not ray.is_initialized(), "the run stops the cluster it started"
 
 
+def test_explain_on_a_cluster_gives_the_attribution_and_fixes_of_one_process(one_process, tmp_path) -> None:
+    """explain's targeted replays (one-class kernel policies, windows, fixes) in shards on two actors: the same
+    attribution and the same stabilised cases as explaining in one process."""
+    import shutil
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    shutil.copytree(one_process["splitk"].path, here)
+    shutil.copytree(one_process["splitk"].path, there)
+    local = flakecheck.explain_run(here, cost_repeats=1)
+    clustered = flakecheck.explain_run(there, cost_repeats=1, ray="local", workers=2)
+    assert len(local.attribution) > 0, "the tiny run must have diverged cases to explain"
+    pd.testing.assert_frame_equal(clustered.attribution, local.attribution, check_exact=True)
+    outcome = ["stabilised", "full_fix", "verdict_flips_after"]  # the rank also weighs timed costs: not compared
+    pd.testing.assert_frame_equal(clustered.fixes.set_index("fix").sort_index()[outcome],
+                                  local.fixes.set_index("fix").sort_index()[outcome], check_exact=True)
+    stats = clustered.explain["replays"]["attribution"]["cluster"]
+    assert len(stats["workers"]) == 2 and stats["shards"] >= 2
+    assert not ray.is_initialized(), "explain stops the cluster it started"
+
+
 def test_a_killed_actor_loses_only_its_shard(tiny_wide_model_dir, suite, one_process, tmp_path, monkeypatch) -> None:
     killed: list[int] = []
     run = cluster_module.Cluster.run

@@ -31,6 +31,8 @@ from flakecheck.explain.summary import case_summary
 from flakecheck.explain.targeted import Replays, Variant
 from flakecheck.grader import DEFAULT_TIMEOUT_S, GraderSpec, grader_spec
 from flakecheck.grading import memo_decode
+from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.replay.cluster import Cluster, ClusterSettings, EngineSettings
 from flakecheck.rundir import RunData, RunDirectory, with_explanation
 
 DEFAULT_STEPS_AFTER = 4
@@ -39,12 +41,15 @@ DEFAULT_STEPS_AFTER = 4
 def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: int = DEFAULT_STEPS_AFTER,
                 grader: str | Sequence[str] | None = None, grader_timeout: float = DEFAULT_TIMEOUT_S,
                 suite: str | Path | None = None, fixes: bool = True, model: LoadedModel | None = None,
-                progress: bool = False, cost_repeats: int = 3) -> RunData:
+                progress: bool = False, cost_repeats: int = 3, ray: str | None = None, workers: int = 2,
+                cpus_per_worker: int | None = None, allow_mixed_devices: bool = False) -> RunData:
     """Explain the diverged cases of a run directory (those of `ids`, when given) and write what was found
     into it; returns the run loaded again, with `attribution`, `fixes` and `explain` set.
 
     `grader` grades the fixed outputs (default: the grader the run used, else the suite's checks); `suite`
-    points at the run's suite file when it moved; `fixes=False` skips the fix list and its costs."""
+    points at the run's suite file when it moved; `fixes=False` skips the fix list and its costs. `ray` runs
+    the targeted replays in shards on a Ray cluster ("local", "auto" or an address; see `run_suite`); the
+    fixes' cost timings stay on this machine, whose engine they price."""
     started = time.perf_counter()
     if isinstance(steps_after, bool) or not isinstance(steps_after, int) or steps_after < 0:
         raise UserError(f"--steps-after must be an integer >= 0, got {steps_after!r}")
@@ -74,13 +79,22 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
             plan_fixes(source, divergences, fix_replays)
         network = _network(source, loaded, [explain_replays, fix_replays])
         timings["load_s"] = time.perf_counter() - t0
-        info["replays"]["attribution"] = vars(explain_replays.run(loaded, network, progress))
-        timings["attribution_s"] = info["replays"]["attribution"]["seconds"]
-        attribution = _attribution(source, divergences, mechanism_pairs, explain_replays, steps_after, loaded)
-        info["cases"] = _summaries(divergences, attribution, source)
-        if fixes:
-            fix_table = _price_fixes(source, divergences, fix_replays, loaded, network, spec, cost_repeats, info,
-                                     timings, progress)
+        cluster = None
+        if ray is not None:
+            # unreachable: exit 2 before anything is written (explain writes only at the end)
+            cluster = _cluster(source, [explain_replays, fix_replays],
+                               ClusterSettings(ray, workers, cpus_per_worker, allow_mixed_devices))
+        try:
+            info["replays"]["attribution"] = vars(explain_replays.run(loaded, network, progress, cluster))
+            timings["attribution_s"] = info["replays"]["attribution"]["seconds"]
+            attribution = _attribution(source, divergences, mechanism_pairs, explain_replays, steps_after, loaded)
+            info["cases"] = _summaries(divergences, attribution, source)
+            if fixes:
+                fix_table = _price_fixes(source, divergences, fix_replays, loaded, network, spec, cost_repeats, info,
+                                         timings, progress, cluster)
+        finally:
+            if cluster is not None:
+                cluster.stop()  # nothing left running, whatever happened
     timings["total_s"] = time.perf_counter() - started
     if timings.get("attribution_s") is not None and timings["run_replay_s"]:
         timings["attribution_vs_run"] = timings["attribution_s"] / timings["run_replay_s"]
@@ -97,9 +111,9 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
 
 def _price_fixes(source: RunSource, divergences: list[Divergence], replays: Replays, model: LoadedModel,
                  network: LlamaForCausalLM, grader: GraderSpec | None, cost_repeats: int, info: dict[str, Any],
-                 timings: dict[str, float | None], progress: bool) -> list[dict[str, Any]]:
+                 timings: dict[str, float | None], progress: bool, cluster: Cluster | None) -> list[dict[str, Any]]:
     """Replay the fixes (`replays` holds them), grade what they give, time what they cost, rank them."""
-    info["replays"]["fixes"] = vars(replays.run(model, network, progress))
+    info["replays"]["fixes"] = vars(replays.run(model, network, progress, cluster))
     timings["fixes_s"] = info["replays"]["fixes"]["seconds"]
     results = evaluate_fixes(source, divergences, replays, memo_decode(lambda ids: decode_tokens(model, ids)), grader)
     t0 = time.perf_counter()
@@ -117,23 +131,39 @@ def _grader(source: RunSource, grader: str | Sequence[str] | None, timeout: floa
     return None
 
 
+def _other_policies(source: RunSource, replays: list[Replays]) -> list[KernelPolicy]:
+    """The policies other than the run's that some replay plans with, in a stable order."""
+    others = {variant.policy for r in replays for variant, _ in r.wanted.values()} - {source.policy}
+    return sorted(others, key=lambda p: p.name)
+
+
+def _cluster(source: RunSource, replays: list[Replays], settings: ClusterSettings) -> Cluster:
+    """Actors that build the run's engine with every other policy the replays plan with."""
+    config = source.config
+    engine = EngineSettings(config.model, config.dtype, config.kernels.name, config.backend, config.profile,
+                            tuple(p.name for p in _other_policies(source, replays)))
+    cluster = Cluster(settings, engine)
+    cluster.start()
+    return cluster
+
+
 def _network(source: RunSource, model: LoadedModel, replays: list[Replays]) -> LlamaForCausalLM:
     """The run's kernels on the model, on the paths this machine verified (explain replays here, perhaps on
     another machine than the run's), its weights prepared for every other policy a replay plans with."""
     from flakecheck.engine.spec import resolve_engine
     from flakecheck.machine.probes import ProbeDims
 
-    others = {variant.policy for r in replays for variant, _ in r.wanted.values()} - {source.policy}
+    others = tuple(_other_policies(source, replays))
     config = source.config
     spec = resolve_engine(config.kernels, ProbeDims.of(model.config), backend=config.backend, profile=config.profile,
-                          dtype=config.dtype, also=tuple(sorted(others, key=lambda p: p.name)))
+                          dtype=config.dtype, also=others)
     recorded = (source.run.meta.get("engine") or {}).get("machine")
     if recorded and recorded != spec.machine.to_dict():
         from rich.console import Console
 
         Console(stderr=True).print(f"[yellow]warning: explain replays on {spec.machine.describe()}, not on the "
                                    "machine that made the run: a replay can differ from the recorded tokens[/yellow]")
-    return build_model(model, spec.ops(also_plans=tuple(sorted(others, key=lambda p: p.name))))
+    return build_model(model, spec.ops(also_plans=others))
 
 
 def _attribution(source: RunSource, divergences: list[Divergence], mechanism_pairs: dict[str, list[Pair]],

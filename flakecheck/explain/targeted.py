@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from flakecheck.analysis import run_label
 from flakecheck.compositions import Composition
@@ -27,6 +27,11 @@ from flakecheck.explain.source import RunSource
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay.simulated import Job, Simulation
 from flakecheck.traces import Trace
+
+if TYPE_CHECKING:
+    from flakecheck.progress import ReplayProgress
+    from flakecheck.replay.cluster import Cluster
+    from flakecheck.replay.shards import Shard
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class ReplayStats:
     reused: int = 0  # variants answered from the run's recorded traces
     seconds: float = 0.0
     lockstep: dict[str, int] = field(default_factory=dict)
+    cluster: dict[str, Any] | None = None  # the cluster's stats when the replays ran on one
 
 
 class Replays:
@@ -85,8 +91,9 @@ class Replays:
         old = cases.get(case_id, 0)  # None: the whole output is already wanted
         cases[case_id] = None if window is None or old is None else max(window, old)
 
-    def run(self, model: LoadedModel, network: LlamaForCausalLM, progress: bool = False) -> ReplayStats:
-        """Every needed variant that the run did not record, in one lockstep."""
+    def run(self, model: LoadedModel, network: LlamaForCausalLM, progress: bool = False,
+            cluster: Cluster | None = None) -> ReplayStats:
+        """Every needed variant that the run did not record, in one lockstep (or in shards on `cluster`)."""
         from flakecheck.progress import ReplayProgress
 
         if not self.wanted:
@@ -107,20 +114,57 @@ class Replays:
         windows = {c: w for c, w in windows.items() if c not in full}
         with ReplayProgress(total, enabled=progress) as bar:
             bar.start(f"{len(jobs)} variants")
-            simulation = Simulation(model, network, self.source.requests, [job for _, job in jobs], bar.case_done,
-                                    lambda run: None, windows=windows)
-            simulation.lockstep.run()
+            if cluster is not None:
+                got = self._on_cluster(cluster, [job for _, job in jobs], windows, bar)
+            else:
+                simulation = Simulation(model, network, self.source.requests, [job for _, job in jobs],
+                                        bar.case_done, lambda run: None, windows=windows)
+                simulation.lockstep.run()
+                got = {(job.name, c): simulation.trace(job, c) for _, job in jobs for c in job.cases or ()}
+                self.stats.lockstep = dict(vars(simulation.lockstep.stats))
         for key, job in jobs:
             self.replayed[key] = {}
             for case_id in job.cases or ():
-                trace = simulation.trace(job, case_id)
-                assert trace is not None
+                trace = got.get((job.name, case_id))
+                assert trace is not None, (job.name, case_id)
                 self.replayed[key][case_id] = trace
         self.stats.jobs = len(jobs)
         self.stats.reused = len(self.reused)
         self.stats.seconds = time.perf_counter() - started
-        self.stats.lockstep = dict(vars(simulation.lockstep.stats))
         return self.stats
+
+    def _on_cluster(self, cluster: Cluster, jobs: list[Job], windows: dict[str, int],
+                    bar: ReplayProgress) -> dict[tuple[str, str], Trace | None]:
+        """The jobs in shards on the cluster's actors: a batched variant is one unit (its cases are batch-mates),
+        a serial one a unit per case (alone in every step); packed by predicted rows."""
+        from dataclasses import asdict
+
+        from flakecheck.replay.shards import Unit, balance, case_rows, plan_shards
+
+        requests = {r.case_id: r for r in self.source.requests}
+
+        def rows(case_id: str) -> int:
+            window = windows.get(case_id)
+            request = requests[case_id]
+            return case_rows(request) if window is None else len(request.prompt_ids) + window
+
+        units = []
+        for job in jobs:
+            cases = sorted(job.cases or ())
+            if job.composition.cases_alone:
+                units += [Unit((replace(job, cases=frozenset({c})),), rows(c)) for c in cases]
+            else:
+                units.append(Unit((job,), sum(rows(c) for c in requests)))
+        shards = plan_shards(units, 4 * max(1, len(cluster.actors)))
+        got: dict[tuple[str, str], Trace | None] = {}
+
+        def on_shard(_: Shard, traces: list[Trace]) -> None:
+            got.update({(t.composition, t.case_id): t for t in traces})
+
+        cluster.run(self.source.requests, shards, on_shard, lambda case_id, tokens: bar.tokens_done(tokens),
+                    windows=windows)
+        self.stats.cluster = {**asdict(cluster.stats), "predicted_balance": round(balance(shards), 3)}
+        return got
 
     def tokens(self, variant: Variant, case_id: str, window: int | None = None) -> list[int]:
         """The case's tokens under `variant` (its first `window` when given): recorded or replayed."""

@@ -48,6 +48,7 @@ class EngineSettings:
     kernels: str
     backend: str
     profile: str
+    also: tuple[str, ...] = ()  # other policies a job may plan with (explain's one-class policies)
 
 
 @dataclass
@@ -86,23 +87,26 @@ class ReplayWorker:
         import flakecheck  # noqa: F401 - pins the libraries' settings before the first kernel runs
         from flakecheck.engine import build_model, load_model
         from flakecheck.engine.spec import resolve_engine
+        from flakecheck.kernels.policy import parse_policy
         from flakecheck.machine.probes import ProbeDims
 
         torch.set_num_threads(threads)
         self.loaded = load_model(engine.model, engine.dtype)
+        also = tuple(parse_policy(name) for name in engine.also)
         self.spec = resolve_engine(engine.kernels, ProbeDims.of(self.loaded.config), backend=engine.backend,
-                                   profile=engine.profile, dtype=engine.dtype)
-        self.network = build_model(self.loaded, self.spec.ops())
+                                   profile=engine.profile, dtype=engine.dtype, also=also)
+        self.network = build_model(self.loaded, self.spec.ops(also_plans=also))
 
     def describe(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "machine": self.spec.machine.to_dict(),
                 "machine_summary": self.spec.machine.describe(), "paths": self.spec.paths.to_dict(),
                 "simulated": self.spec.simulated}
 
-    def run(self, cases: list[CaseRequest], shard: Shard, progress: Any) -> tuple[bytes, int]:
+    def run(self, cases: list[CaseRequest], shard: Shard, progress: Any,
+            windows: dict[str, int] | None = None) -> tuple[bytes, int]:
         """The shard's traces (Arrow IPC) and the rows its lockstep computed; each finished case is put on
-        `progress` (a Ray queue) as (case id, tokens)."""
-        from flakecheck.replay.simulated import simulate
+        `progress` (a Ray queue) as (case id, tokens). `windows`: only those cases' first tokens (explain)."""
+        from flakecheck.replay.simulated import Simulation
 
         traces: list[Trace] = []
 
@@ -110,9 +114,10 @@ class ReplayWorker:
             if progress is not None:
                 progress.put_nowait((trace.case_id, len(trace.token_ids)))
 
-        lockstep = simulate(self.loaded, self.network, cases, list(shard.jobs), done,
-                            lambda run: traces.extend(run.ordered()))
-        return traces_to_ipc(traces), lockstep.stats.rows
+        simulation = Simulation(self.loaded, self.network, cases, list(shard.jobs), done,
+                                lambda run: traces.extend(run.ordered()), windows=windows)
+        simulation.lockstep.run()
+        return traces_to_ipc(traces), simulation.lockstep.stats.rows
 
 
 class Cluster:
@@ -165,9 +170,11 @@ class Cluster:
             raise
 
     def run(self, cases: Sequence[CaseRequest], shards: Sequence[Shard], on_shard: Callable[[Shard, list[Trace]], None],
-            on_case: Callable[[str, int], None], on_dispatch: Callable[[int, Shard, int], None] | None = None) -> None:
+            on_case: Callable[[str, int], None], on_dispatch: Callable[[int, Shard, int], None] | None = None,
+            windows: dict[str, int] | None = None) -> None:
         """Every shard on a free actor, largest first; `on_shard` gets each finished shard's traces, `on_case`
-        each finished case as it happens. `on_dispatch(actor index, shard, actor pid)` is for tests."""
+        each finished case as it happens. `on_dispatch(actor index, shard, actor pid)` is for tests; `windows`
+        asks for only some cases' first tokens (see flakecheck.replay.simulated.Simulation)."""
         ray = self._ray
         from ray.util.queue import Queue
 
@@ -184,7 +191,7 @@ class Cluster:
             while todo or running:
                 while todo and idle:
                     index, shard = idle.pop(0), todo.pop(0)
-                    ref = self.actors[index].run.remote(case_list, shard, queue)
+                    ref = self.actors[index].run.remote(case_list, shard, queue, windows)
                     running[ref] = (index, shard)
                     if on_dispatch is not None:
                         on_dispatch(index, shard, self.stats.workers[index]["pid"])
