@@ -254,6 +254,9 @@ def bench(
     cases: int | None = typer.Option(None, help="run, pinning, scale: demo cases to replay (default 24; pinning 12)"),
     repeats: int | None = typer.Option(None, help="run, pinning: times each side runs (default 1; pinning 3)"),
     suite: Path | None = typer.Option(None, help="scale: time this suite in one process (e.g. suites/large.jsonl)"),
+    ray: str | None = typer.Option(None, "--ray", help="run: time the simulated side on a Ray cluster too (--ray "
+                                   "alone: a local one; auto; or an address)"),
+    workers: int = typer.Option(2, help="run --ray: replay actors"),
 ) -> None:
     import importlib
 
@@ -262,6 +265,8 @@ def bench(
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
     module = importlib.import_module(f"flakecheck.bench.{target}")
     extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning") else {}
+    if target == "run" and ray is not None:
+        extra.update(ray=ray, workers=workers)
     if target == "scale":
         extra = {"cases": cases, "suite": str(suite) if suite else None}
     module.main(json_out=json_out, quick=quick, **extra)

@@ -25,10 +25,16 @@ def test_the_demo_computes_the_recorded_bits(tmp_path: Path) -> None:
     recorded = json.loads(RECORDED.read_text())
     run = flakecheck.run_suite(DEMO, out=tmp_path / "demo", html=False)
     assert run.meta["config"]["kernels"] == recorded["kernels"] and len(run.cases) == recorded["cases"]
-    assert run.meta["traces_digest"] == recorded["traces_digest"], (
-        f"this machine computes other bits for the demo than {recorded['machine']} did: "
-        f"{current().describe()}; statuses here {run.cases.status.value_counts().to_dict()}, "
-        f"recorded {recorded['statuses']}")
+    here = current()
+    statuses = run.cases.status.value_counts().to_dict()
+    mine = [r for r in recorded["recorded"] if r["bits_class"] == here.bits_class()]
+    if not mine:
+        pytest.skip(f"no digest recorded for this class of machine ({here.bits_class()}); it computed "
+                    f"{run.meta['traces_digest']} with statuses {statuses} on {here.describe()}: record it in "
+                    f"{RECORDED.name}")
+    assert run.meta["traces_digest"] == mine[0]["traces_digest"], (
+        f"this machine computes other bits for the demo than {mine[0]['machine']} of the same class did: "
+        f"{here.describe()}; statuses here {statuses}, recorded {mine[0]['statuses']}")
 
 
 DIGEST = """

@@ -33,7 +33,7 @@ DEMO = Path(__file__).resolve().parents[2] / "suites" / "demo.jsonl"
 
 
 def main(json_out: bool = False, quick: bool = False, cases: int | None = None, repeats: int | None = None,
-         model: str = "smollm2") -> dict[str, Any]:
+         model: str = "smollm2", ray: str | None = None, workers: int = 2) -> dict[str, Any]:
     n_cases = cases or (4 if quick else 24)
     n_repeats = repeats or 1
     compositions = list(DEFAULT_COMPOSITIONS[:3] if quick else DEFAULT_COMPOSITIONS)
@@ -73,6 +73,20 @@ def main(json_out: bool = False, quick: bool = False, cases: int | None = None, 
         "simulation": {k: v for k, v in runs["simulated"].meta["replay_stats"].items() if k != "mode"},
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    if ray is not None:
+        # the simulated side again, in shards on the cluster (its time includes starting the actors and
+        # loading the model in each)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            clustered = flakecheck.run_suite(suite, model=model, kernels="splitk", compositions=compositions,
+                                             out=Path(tmp) / "ray", html=False, ray=ray, workers=workers)
+            ray_s = time.perf_counter() - t0
+        stats = clustered.meta["replay_stats"]["cluster"]
+        result.update({"ray_workers": workers, "ray_s": round(ray_s, 2),
+                       "ray_replay_s": round(clustered.meta["timings"]["replay_s"], 2),
+                       "ray_speedup_vs_simulated": round(simulated_s / ray_s, 3),
+                       "ray_bitwise_equal": _same(clustered, runs["simulated"]),
+                       "ray_shards": stats["shards"], "ray_predicted_balance": stats.get("predicted_balance")})
     print(json.dumps(result))
     return result
 

@@ -49,6 +49,13 @@ class MachineFingerprint:
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
+    def bits_class(self) -> str:
+        """What a run's bits follow from beyond the code (measured: not the CPU model, not ATen's ISA, not the
+        thread count): the device, MKL's reproducibility branch, FBGEMM's ISA and the library versions. Two
+        machines of one class compute the same bits; of two classes, perhaps not."""
+        parts = (self.device, f"MKL {self.mkl} {self.mkl_cbwr}", f"FBGEMM {self.fbgemm_isa}", f"torch {self.torch}")
+        return "; ".join(parts)
+
     def describe(self) -> str:
         """One line: the CPU, its widest vector ISA, threads and the pinned settings in force."""
         widest = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2", "avx", "asimd") if f in self.isa),

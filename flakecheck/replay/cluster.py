@@ -143,6 +143,7 @@ class Cluster:
 
         env = {k: os.environ[k] for k in (*PINS, "FLAKECHECK_PIN", "FLAKECHECK_FAULT", "FLAKECHECK_CACHE",
                                           "HF_HUB_OFFLINE") if k in os.environ}
+        _reachable(s.address)
         try:
             if s.address == LOCAL:
                 cpus = s.workers * (s.cpus_per_worker or 1)
@@ -253,6 +254,18 @@ def check_same_machines(described: Sequence[dict[str, Any]], allow: bool) -> boo
         raise UserError(f"--ray: the actors run on different machines or kernel paths, so their bits could differ "
                         f"({listing}); use machines of one kind or --allow-mixed-devices")
     return True
+
+
+def _reachable(address: str) -> None:
+    """A host:port that accepts no connection is refused at once (Ray itself retries for minutes)."""
+    if address in (LOCAL, "auto") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--ray {address}: cannot reach the Ray cluster ({type(exc).__name__}: {exc})") from None
 
 
 def _cause(exc: BaseException) -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from flakecheck.console import output_console
 from flakecheck.errors import UserError
 from flakecheck.reports.html import write_html
