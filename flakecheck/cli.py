@@ -59,6 +59,14 @@ def run(
     workers: int = typer.Option(2, help="--ray: replay actors (each loads the model once)"),
     cpus_per_worker: int | None = typer.Option(None, help="--ray: CPUs (threads) per actor (default: shared out)"),
     allow_mixed_devices: bool = typer.Option(False, help="--ray: run even when actors' machines differ (recorded)"),
+    sample: int = typer.Option(0, help="also replay N compositions drawn from --load: each case's observed flip "
+                               "probability with a 95% interval, and the score's spread under that load"),
+    load: str = typer.Option("poisson:16", help="--sample: the batch sizes a request meets: poisson:MEAN (MEAN "
+                             "others beside it), uniform:LO-HI, or a histogram file (serve's /stats JSON, "
+                             "{size: weight}, a list of samples, or one number a line)"),
+    seed: int = typer.Option(0, help="--sample: the seed the compositions are drawn with (same seed, same draws)"),
+    sample_only: bool = typer.Option(False, "--sample-only", help="--sample: replay the reference and the draws "
+                                     "only, not the named compositions"),
 ) -> None:
     from flakecheck.api import run_from_cli
 
@@ -68,7 +76,7 @@ def run(
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
         out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
-        allow_mixed_devices=allow_mixed_devices,
+        allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, sample_seed=seed, sample_only=sample_only,
     )
 
 

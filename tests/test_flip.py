@@ -1,0 +1,214 @@
+"""Flip probability (issue 18): the load model and its draws, observed probabilities with Wilson intervals,
+the prediction from measured gap shifts, calibration, the score over draws, and `run --sample` end to end on
+the tiny random model."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+import flakecheck
+from flakecheck import cli
+from flakecheck.engine import LoadedModel, load_model
+from flakecheck.errors import UserError
+from flakecheck.flip.calibration import auroc, brier, calibrate, spearman
+from flakecheck.flip.load import parse_load, sample_compositions
+from flakecheck.flip.observed import observe, wilson
+from flakecheck.flip.predict import NoiseModel, measure_noise, predict
+from flakecheck.flip.score import score_distribution
+from flakecheck.traces import Trace
+from tests.test_run import write_suite
+
+# ------------------------------------------------------------------------------------------- sampling
+
+
+def test_sampling_is_reproducible_from_its_seed_and_differs_across_seeds() -> None:
+    load = parse_load("poisson:16")
+    first = sample_compositions(load, 32, seed=7)
+    assert first == sample_compositions(parse_load("poisson:16"), 32, seed=7)
+    assert first != sample_compositions(load, 32, seed=8)
+    assert sample_compositions(load, 8, seed=7) == first[:8]  # more draws extend, never reshuffle, the first
+    assert len({c.name for c in first}) == 32
+
+
+def test_draws_follow_the_load_model() -> None:
+    draws = sample_compositions(parse_load("poisson:16"), 400, seed=1)
+    batches = [c.max_batch for c in draws]
+    mean_others = sum(b - 1 for b in batches) / len(batches)
+    assert 15.0 < mean_others < 17.0  # Poisson(16): sd of a 400-draw mean is 0.2
+    assert {c.chunk is None for c in draws} == {True, False}
+    assert {c.prefix_cache for c in draws} == {True, False}
+    assert all(c.fillers.count >= c.max_batch // 2 for c in draws if c.max_batch > 1)
+    assert {c.max_batch for c in sample_compositions(parse_load("uniform:3-5"), 60, seed=2)} == {3, 4, 5}
+
+
+def test_a_histogram_file_is_read_in_every_documented_shape(tmp_path: Path) -> None:
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"peak_running_seqs": 8, "running_seqs_histogram": {"1": 3, "8": 1}}))
+    assert parse_load(str(stats)).sizes == (1, 8) and parse_load(str(stats)).weights == (3.0, 1.0)
+    samples = tmp_path / "gauge.txt"
+    samples.write_text('# scraped\nvllm:num_requests_running{model="m"} 7\n0\n7.0\n')
+    assert dict(zip(parse_load(str(samples)).sizes, parse_load(str(samples)).weights)) == {1: 1.0, 7: 2.0}
+    listed = tmp_path / "list.json"
+    listed.write_text("[4, 4, 12]")
+    assert parse_load(str(listed)).mean == pytest.approx((4 + 4 + 12) / 3)
+
+
+@pytest.mark.parametrize("text", ["bogus", "poisson:x", "poisson:-1", "uniform:5-2", "uniform:0-3"])
+def test_a_bad_load_names_the_flag(text: str) -> None:
+    with pytest.raises(UserError, match="--load"):
+        parse_load(text)
+
+
+# --------------------------------------------------------------------------------- observed, intervals
+
+
+def test_wilson_intervals_cover_the_true_rate_in_at_least_90_percent_of_seeds() -> None:
+    """A synthetic generator with a known flip chance: for each seed, n draws of a coin with chance p."""
+    for p in (0.02, 0.1, 0.3, 0.5, 0.8):
+        for n in (8, 32):
+            covered = 0
+            for seed in range(400):
+                rng = random.Random(f"{p}:{n}:{seed}")
+                k = sum(rng.random() < p for _ in range(n))
+                low, high = wilson(k, n)
+                covered += low <= p <= high
+            assert covered / 400 >= 0.90, (p, n, covered)
+
+
+def test_wilson_at_the_ends_and_observed_counts() -> None:
+    assert wilson(0, 32)[0] == 0.0 and 0.05 < wilson(0, 32)[1] < 0.15
+    assert wilson(32, 32)[1] == 1.0
+    assert wilson(0, 0) == (0.0, 1.0)
+    seen = observe([1, 2, 3], True, [([1, 2, 3], True), ([1, 2, 4], False), ([1, 2], True), ([1, 2, 3], None)])
+    assert (seen.n, seen.flips, seen.graded, seen.verdict_flips) == (4, 2, 3, 1)
+    assert seen.p_flip == 0.5 and seen.p_verdict_flip == pytest.approx(1 / 3)
+
+
+# ------------------------------------------------------------------------------------------ prediction
+
+
+def _trace(gaps: list[float], composition: str = "solo", logit: float = 12.0) -> Trace:
+    n = len(gaps)
+    return Trace("c", composition, 0, list(range(n)), list(range(n)), [-0.1] * n, [100 + i for i in range(n)],
+                 [-0.1 - g for g in gaps], "length", [logit] * n)
+
+
+def test_k_exact_ties_are_predicted_above_k_minus_1_at_otherwise_equal_gaps() -> None:
+    noise = NoiseModel("ulp", "bfloat16", tuple(sorted([0.0] * 50 + [1.0] * 30 + [2.0] * 15 + [5.0] * 5)))
+    others = [0.5, 1.5, 3.0, 9.0, 0.25]
+    previous = predict(_trace(others), noise)
+    for k in range(1, 8):
+        current = predict(_trace([0.0] * k + others), noise)
+        assert current is not None and previous is not None and current > previous
+        previous = current
+    # one exact tie alone flips half the times its step's numbers change (half the shifts are nonzero)
+    assert predict(_trace([0.0, 100.0]), noise) == pytest.approx(0.5 * 0.5)
+
+
+def test_the_noise_is_measured_before_the_divergence_in_ulps() -> None:
+    ulp = 1 / 16  # bf16 at |logit| in [8, 16)
+    ref = _trace([0.0, 2 * ulp, 3 * ulp, 0.5])
+    other = _trace([ulp, 2 * ulp, 0.0, 0.5], "b8")
+    other.token_ids[2] = 999  # diverges at step 2: steps 2 and 3 are another context
+    noise = measure_noise([(ref, other)], "bfloat16")
+    assert noise.unit == "ulp" and noise.shifts == (0.0, 1.0)
+    assert noise.step_flip(0.0) == 0.25 and noise.step_flip(1.0) == 0.0
+    without_logits = measure_noise([(_trace([0.0], logit=float("nan")).__class__(**{**vars(ref),
+                                    "top1_logits": None}), other)], "bfloat16")
+    assert without_logits.unit == "logprob"
+
+
+def test_an_invariant_noise_predicts_zero_and_no_noise_predicts_nothing() -> None:
+    assert predict(_trace([0.0, 0.0, 1.0]), NoiseModel("ulp", "bfloat16", (0.0, 0.0))) == 0.0
+    assert predict(_trace([0.0]), NoiseModel("ulp", "bfloat16", ())) is None
+
+
+# ----------------------------------------------------------------------------------------- calibration
+
+
+def test_calibration_figures_against_hand_computed_values() -> None:
+    # positives 0.9, 0.4; negatives 0.4, 0.1: pairs (0.9>0.4) 1, (0.9>0.1) 1, (0.4=0.4) 1/2, (0.4>0.1) 1
+    assert auroc([0.9, 0.4, 0.4, 0.1], [True, True, False, False]) == pytest.approx(3.5 / 4)
+    assert auroc([0.1, 0.2], [False, False]) is None
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    # one case, predicted 0.2, observed 0.5: half its draws cost 0.8², half 0.2²
+    assert brier([0.2], [0.5]) == pytest.approx(0.5 * 0.64 + 0.5 * 0.04)
+    block = calibrate([0.05, 0.15, 0.95, None], [0.0, 0.25, 1.0, 0.5], 4)
+    assert block is not None and block["n_cases"] == 3 and block["top_shared"] == 1
+    assert block["observed_at_90"] == 1
+    assert [b["n"] for b in block["bins"]] == [1, 1, 0, 0, 0, 0, 0, 0, 0, 1]
+
+
+def test_score_distribution_over_draws() -> None:
+    verdicts = {"a": {"solo": True, "d1": True, "d2": False}, "b": {"solo": False, "d1": True, "d2": True},
+                "c": {"solo": None, "d1": None, "d2": None}}
+    dist = score_distribution(verdicts, ["d1", "d2"], "solo")
+    assert dist.n_graded == 2 and dist.single_run == 0.5 and dist.scores == (1.0, 0.5)
+    assert dist.mean == 0.75 and dist.std == pytest.approx(0.3535533905932738)
+    assert dist.retry_free == 0.5  # only b passes under every draw
+    assert dist.percentile(5) == pytest.approx(0.525) and dist.percentile(95) == pytest.approx(0.975)
+
+
+# ---------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tiny_wide_model_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_wide_model_dir), "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def flip_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_suite(tmp_path_factory.mktemp("flip-suite") / "tiny.jsonl")
+
+
+def _sampled(model: LoadedModel, suite: Path, out: Path, kernels: str) -> flakecheck.RunData:
+    return flakecheck.run_suite(suite, model=model, kernels=kernels, max_tokens=10, out=out, html=kernels == "splitk",
+                                sample=12, load="poisson:6", sample_seed=3)
+
+
+def test_sampled_run_columns_are_consistent_with_the_traces(tiny_bf16, flip_suite, tmp_path) -> None:
+    run = _sampled(tiny_bf16, flip_suite, tmp_path / "splitk", "splitk")
+    draws = [f"draw-{i:02d}" for i in range(1, 13)]
+    assert run.meta["flip"]["draws"] == draws and run.meta["flip"]["n_draws"] == 12
+    runs = run.runs
+    ref = runs[runs.composition == "solo"].set_index("case_id")
+    for row in run.cases.itertuples():
+        mine = runs[(runs.case_id == row.case_id) & runs.composition.isin(draws)]
+        assert len(mine) == 12 == row.n_draws
+        differ = [list(t) != list(ref.loc[row.case_id, "token_ids"]) for t in mine.token_ids]
+        assert row.p_flip == pytest.approx(sum(differ) / 12)
+        assert row.p_flip_low <= row.p_flip <= row.p_flip_high
+        assert 0.0 <= row.p_flip_pred <= 1.0
+    assert run.cases.p_flip.max() > 0  # split-K flips something on the wide tiny model
+    score = run.meta["flip"]["score"]
+    assert score["n_draws"] == 12 and len(score["per_draw"]) == 12
+    assert score["retry_free"] <= min(score["per_draw"])
+    assert (run.path / "report.html").is_file()
+
+
+def test_an_invariant_run_observes_no_flip_in_any_case(tiny_bf16, flip_suite, tmp_path) -> None:
+    run = _sampled(tiny_bf16, flip_suite, tmp_path / "invariant", "invariant")
+    assert len(run.cases) == 11
+    assert (run.cases.p_flip == 0).all() and (run.cases.p_flip_pred == 0).all()
+    assert (run.cases.p_flip_high < 0.3).all()
+
+
+@pytest.mark.parametrize("args, flag", [(["--sample", "0", "--sample-only"], "--sample"),
+                                        (["--sample", "-1"], "--sample"), (["--sample", "2", "--load", "bogus"],
+                                                                           "--load")])
+def test_bad_sampling_flags_exit_2_naming_the_flag_and_write_nothing(args, flag, tiny_model_dir, flip_suite,
+                                                                     tmp_path, monkeypatch, capsys) -> None:
+    out = tmp_path / "out"
+    monkeypatch.setattr("sys.argv", ["flakecheck", "run", str(flip_suite), "--model", str(tiny_model_dir),
+                                     "--out", str(out), *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err
+    assert not out.exists()
