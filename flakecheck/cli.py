@@ -247,26 +247,34 @@ def serve(
                                 enable_prefix_caching, max_model_len, served_model_name), host, port, quiet)
 
 
-@app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale.\n\n"
+@app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration.\n\n"
              "Example: flakecheck bench run --json")
 def bench(
     target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost) | "
-                                 "scale (one process against a local Ray cluster)"),
+                                 "scale (one process against a local Ray cluster) | calibration (predicted vs observed "
+                                 "flip probability, and what --sample costs)"),
     json_out: bool = typer.Option(False, "--json", help="print only the JSON line"),
     quick: bool = typer.Option(False, help="a smaller workload (smoke test of the benchmark itself)"),
     cases: int | None = typer.Option(None, help="run, pinning, scale: demo cases to replay (default 24; pinning 12)"),
     repeats: int | None = typer.Option(None, help="run, pinning: times each side runs (default 1; pinning 3)"),
     suite: Path | None = typer.Option(None, help="scale: time this suite in one process (e.g. suites/large.jsonl)"),
+    limit: int | None = typer.Option(None, help="calibration: only the first N demo cases (default all 111)"),
+    sample: int | None = typer.Option(None, help="calibration: compositions to sample (default 32)"),
 ) -> None:
     import importlib
 
-    targets = ("engine", "kernels", "run", "pinning", "scale")
+    targets = ("engine", "kernels", "run", "pinning", "scale", "calibration")
     if target not in targets:
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
     module = importlib.import_module(f"flakecheck.bench.{target}")
     extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning") else {}
     if target == "scale":
         extra = {"cases": cases, "suite": str(suite) if suite else None}
+    if target == "calibration":
+        for flag, value in (("--limit", limit), ("--sample", sample)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be an integer >= 1, got {value}")
+        extra = {"limit": limit, "sample": sample}
     module.main(json_out=json_out, quick=quick, **extra)
 
 

@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import flakecheck
 from flakecheck import cli
@@ -19,6 +20,10 @@ from flakecheck.flip.load import parse_load, sample_compositions
 from flakecheck.flip.observed import observe, wilson
 from flakecheck.flip.predict import NoiseModel, measure_noise, predict
 from flakecheck.flip.score import score_distribution
+from flakecheck.reports.facts import gather
+from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
+from flakecheck.reports.json_report import render_json
+from flakecheck.reports.terminal import render_summary
 from flakecheck.traces import Trace
 from tests.test_run import write_suite
 
@@ -189,7 +194,24 @@ def test_sampled_run_columns_are_consistent_with_the_traces(tiny_bf16, flip_suit
     score = run.meta["flip"]["score"]
     assert score["n_draws"] == 12 and len(score["per_draw"]) == 12
     assert score["retry_free"] <= min(score["per_draw"])
-    assert (run.path / "report.html").is_file()
+    # every report states it: terminal, HTML (with the reliability plot), JSON; cases ordered by p_flip
+    facts = gather(run)
+    observed = [c["p_flip"] for c in facts.cases]
+    assert observed == sorted(observed, reverse=True)
+    console = Console(record=True, width=240)
+    render_summary(run, console, top=5)
+    text = console.export_text()
+    assert "flip probability over 12 compositions sampled from poisson:6 (seed 3)" in text
+    assert "score under this load: mean" in text and "calibration of predicted vs observed (11 cases)" in text
+    shown = facts.top(5)
+    for case in shown:
+        assert f"{fmt_observed(case)}" in text and fmt_predicted(case) in text
+    html = (run.path / "report.html").read_text()
+    assert "reliability: predicted vs observed flip probability" in html and 'id="flip-probability"' in html
+    assert "<script>alert(1)</script>" not in html
+    report = json.loads(render_json(run))
+    assert report["flip_probability"]["calibration"]["n_cases"] == 11
+    assert report["flip_probability"]["score"] == score
 
 
 def test_an_invariant_run_observes_no_flip_in_any_case(tiny_bf16, flip_suite, tmp_path) -> None:
