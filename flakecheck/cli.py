@@ -160,13 +160,18 @@ def gate(
     markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
     max_score_swing: float | None = typer.Option(None, help="fail when the score swing (best-case minus worst-case "
                                                  "score over compositions) exceeds this many percentage points"),
+    max_flip_probability: float | None = typer.Option(None, help="fail when a case may flip in more than this "
+                                                      "share of draws (its 95% interval's upper bound; needs a run "
+                                                      "with --sample, or a probe with --repeat)"),
+    max_score_std: float | None = typer.Option(None, help="fail when the score's standard deviation over the draws "
+                                               "exceeds this many percentage points"),
 ) -> None:
     from flakecheck.gate import gate_command
 
     raise typer.Exit(gate_command(
         run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
         fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
-        max_score_swing=max_score_swing,
+        max_score_swing=max_score_swing, max_flip_probability=max_flip_probability, max_score_std=max_score_std,
     ))
 
 

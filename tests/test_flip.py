@@ -234,3 +234,80 @@ def test_bad_sampling_flags_exit_2_naming_the_flag_and_write_nothing(args, flag,
     assert exit_info.value.code == 2
     assert flag in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_probe_repeat_gives_the_servers_observed_probabilities_with_intervals(tmp_path: Path) -> None:
+    from flakecheck.probe import ProbeConfig, probe_suite
+    from tests.probe_fakes import Behaviour, Record, ThreadedServer, make_app
+    from tests.test_probe_fake_server import write_suite as write_probe_suite
+
+    with ThreadedServer(make_app(Behaviour(), Record())) as server:
+        run = probe_suite(ProbeConfig(write_probe_suite(tmp_path / "s.jsonl"), server.url, out=tmp_path / "run",
+                                      html=False, concurrency=(1, 8), repeat=3))
+    assert run.meta["flip"]["draws"] == ["c8"] and run.meta["flip"]["n_draws"] == 3
+    ref = run.runs[(run.runs.composition == "c1") & (run.runs.repeat == 0)].set_index("case_id")
+    for row in run.cases.itertuples():
+        drawn = run.runs[(run.runs.case_id == row.case_id) & (run.runs.composition == "c8")]
+        flips = sum(list(t) != list(ref.loc[row.case_id, "token_ids"]) for t in drawn.token_ids)
+        assert row.n_draws == 3 and row.p_flip == pytest.approx(flips / 3)
+        assert (row.p_flip_low, row.p_flip_high) == pytest.approx(wilson(flips, 3))
+
+
+# --------------------------------------------------------------------------------------------------- gate
+
+
+@pytest.fixture
+def drawn_run(tmp_path: Path):
+    """Built from traces (no model): 8 draws; `flippy` fails its check ("42" = token 13) in 6 of them."""
+    from tests.run_builder import CaseSpec, RunSpec
+    from tests.run_builder import write_run as build_run
+
+    draws = [f"d{i}" for i in range(1, 9)]
+    flippy = [[13, 3]] + [[3, 3]] * 6 + [[13, 3]] * 2
+    spec = RunSpec(["solo", *draws], [CaseSpec("steady", "42", [[13]] * 9, [1.0]),
+                                      CaseSpec("flippy", "42", flippy, [0.0, 1.0])], draws=draws)
+    return build_run(tmp_path / "drawn", spec)
+
+
+def _gate(path: Path, *args: str, monkeypatch, capsys) -> tuple[int, str]:
+    monkeypatch.setattr("sys.argv", ["flakecheck", "gate", str(path), "--max-flaky-rate", "1",
+                                     "--max-verdict-flips", "9", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    captured = capsys.readouterr()
+    return int(exit_info.value.code), captured.out + captured.err
+
+
+def test_gate_on_flip_probability_uses_the_intervals_upper_bound(drawn_run, monkeypatch, capsys) -> None:
+    cases = drawn_run.cases.set_index("case_id")
+    assert cases.loc["flippy", "p_flip"] == 0.75 and cases.loc["steady", "p_flip"] == 0.0
+    high = wilson(6, 8)[1]  # 0.93: the steady case's bound is wilson(0, 8)[1] = 0.32
+    code, text = _gate(drawn_run.path, "--max-flip-probability", "0.5", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "1 case(s) may flip more often than 50%" in text and "flippy" in text
+    assert "steady" not in text.split("may flip more often")[1]
+    code, _ = _gate(drawn_run.path, "--max-flip-probability", f"{high + 0.01:.3f}", monkeypatch=monkeypatch,
+                    capsys=capsys)
+    assert code == 0
+    code, text = _gate(drawn_run.path, "--max-flip-probability", "0.1", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "2 case(s)" in text  # 0 of 8 does not rule out 10%
+
+
+def test_gate_on_the_score_std_over_draws(drawn_run, monkeypatch, capsys) -> None:
+    # per draw: 6 score 1/2 (flippy fails), 2 score 1; the sample std is sqrt((6·0.125² + 2·0.375²) / 7)
+    std_pp = 100 * ((6 * 0.125 ** 2 + 2 * 0.375 ** 2) / 7) ** 0.5
+    assert drawn_run.meta["flip"]["score"]["std_pp"] == pytest.approx(std_pp)
+    code, text = _gate(drawn_run.path, "--max-score-std", "20", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and f"{std_pp:.2f} pp, exceeds the maximum 20 pp" in text
+    code, _ = _gate(drawn_run.path, "--max-score-std", "25", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0
+
+
+def test_gate_flip_flags_refuse_bad_values_and_runs_without_draws(drawn_run, tmp_path, monkeypatch, capsys) -> None:
+    from tests.run_builder import CaseSpec, RunSpec
+    from tests.run_builder import write_run as build_run
+
+    code, text = _gate(drawn_run.path, "--max-flip-probability", "1.5", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and "--max-flip-probability" in text
+    plain = build_run(tmp_path / "plain", RunSpec(["solo", "b8"], [CaseSpec("a", "42", [[13], [13]], [1.0])]))
+    code, text = _gate(plain.path, "--max-score-std", "1", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and "--max-score-std" in text and "no draws" in text
