@@ -311,3 +311,29 @@ def test_gate_flip_flags_refuse_bad_values_and_runs_without_draws(drawn_run, tmp
     plain = build_run(tmp_path / "plain", RunSpec(["solo", "b8"], [CaseSpec("a", "42", [[13], [13]], [1.0])]))
     code, text = _gate(plain.path, "--max-score-std", "1", monkeypatch=monkeypatch, capsys=capsys)
     assert code == 2 and "--max-score-std" in text and "no draws" in text
+
+
+# ------------------------------------------------------------------------------------------------ compare
+
+
+def test_compare_calibrates_a_predicted_against_b_observed_split_by_reference(drawn_run, tmp_path) -> None:
+    from flakecheck.compare import compare_runs
+    from tests.run_builder import CaseSpec, RunSpec
+    from tests.run_builder import write_run as build_run
+
+    draws = [f"d{i}" for i in range(1, 9)]
+    # B: the same steady answer; flippy's reference already differs from A's ([3, 3] vs [13, 3]), 4 of 8 flip
+    other = build_run(tmp_path / "b", RunSpec(["solo", *draws], [
+        CaseSpec("steady", "42", [[13]] * 9, [1.0]),
+        CaseSpec("flippy", "42", [[3, 3]] + [[13, 3]] * 4 + [[3, 3]] * 4, [0.0, 1.0])], draws=draws))
+    result = compare_runs(drawn_run, other)
+    assert result.references == {"compared": 2, "same": 1, "by": "tokens"}
+    probability = result.probability
+    assert probability is not None
+    assert probability["all"]["n_cases"] == 2 and probability["all"]["mean_observed"] == pytest.approx(0.25)
+    assert probability["same_reference"]["n_cases"] == 1 and probability["different_reference"]["n_cases"] == 1
+    assert probability["different_reference"]["mean_observed"] == 0.5
+    by_case = {c["case_id"]: c for c in result.cases}
+    assert by_case["flippy"]["same_reference"] is False and by_case["flippy"]["p_flip_b"] == 0.5
+    # A's run has identical gaps under every draw (no measured noise): it predicts 0 for both, a tie
+    assert by_case["steady"]["p_flip_pred_a"] == 0.0 and probability["all"]["auroc"] == 0.5
