@@ -57,6 +57,10 @@ def test_a_histogram_file_is_read_in_every_documented_shape(tmp_path: Path) -> N
     samples = tmp_path / "gauge.txt"
     samples.write_text('# scraped\nvllm:num_requests_running{model="m"} 7\n0\n7.0\n')
     assert dict(zip(parse_load(str(samples)).sizes, parse_load(str(samples)).weights)) == {1: 1.0, 7: 2.0}
+    probed = tmp_path / "meta.json"
+    probed.write_text(json.dumps({"source": "probe", "compositions": [
+        {"name": "c1", "concurrency": 1, "fillers": 0}, {"name": "c8+f4", "concurrency": 8, "fillers": 4}]}))
+    assert parse_load(str(probed)).sizes == (1, 12)
     listed = tmp_path / "list.json"
     listed.write_text("[4, 4, 12]")
     assert parse_load(str(listed)).mean == pytest.approx((4 + 4 + 12) / 3)

@@ -8,7 +8,9 @@ the request itself included). Two sources:
 - a file: a histogram of batch sizes as a server saw them — `flakecheck serve`'s `GET /stats` JSON
   (`running_seqs_histogram`), a JSON object {"size": weight, ...}, a JSON list of sampled sizes, or text with
   one sample a line (e.g. vLLM's `vllm:num_requests_running` gauge scraped over time; a Prometheus line
-  `name{labels} value` reads its value). A size of 0 (an idle server) counts as 1: the request itself.
+  `name{labels} value` reads its value), or a probe's meta.json (each load level's requests in flight plus
+  its fillers, equally weighted: the loads the probe put on the server). A size of 0 (an idle server)
+  counts as 1: the request itself.
 
 `sample_compositions` draws N whole-suite compositions from one seeded generator: the batch size, the
 arrival order (where each case lands in its batch), the chunked-prefill budget, prefix caching, and filler
@@ -121,6 +123,9 @@ def _from_file(spec: str, path: Path) -> LoadModel:
                 raise UserError(f"--load {spec!r}: line {number}: expected a number, got {line!r}") from None
     if isinstance(data, dict) and isinstance(data.get("running_seqs_histogram"), dict):
         data = data["running_seqs_histogram"]
+    elif isinstance(data, dict) and data.get("source") == "probe" and isinstance(data.get("compositions"), list):
+        levels = [c for c in data["compositions"] if isinstance(c, dict) and isinstance(c.get("concurrency"), int)]
+        data = [c["concurrency"] + int(c.get("fillers") or 0) for c in levels]
     if isinstance(data, dict):
         for key, weight in data.items():
             try:
