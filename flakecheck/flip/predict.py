@@ -8,10 +8,13 @@ steps of 1/32), so steps at different logit magnitudes pool into one distributio
 server reports logprobs only) in logprob units.
 
 A step whose reference gap is g flips when the other composition's noise pushes the runner-up past the
-leader: with shifts as likely up as down, p_step(g) = ½ · P(|shift| > g). An exact tie (g = 0) therefore
-flips half the times its step's numbers change at all, and a gap wider than every shift measured never
-does. A case flips when any of its steps does: p_flip_pred = 1 − ∏ (1 − p_step(g_i)) over every step of the
-reference's output. Two cases get equal predictions only when their gaps give equal products.
+leader: with shifts as likely up as down, p_step(g) = ½ · P(|shift| > g). A shift of exactly g (the noise
+is quantised: logits move by whole ulps) leaves the two candidates tied, which the argmax breaks either way:
+it counts one half of that, p_step(g) = ½ · P(|shift| > g) + ¼ · P(|shift| = g). An exact tie (g = 0)
+therefore flips half the times its step's numbers change at all, and a gap wider than every shift measured
+never does. "Equal" allows EQUAL_TOLERANCE for the fp32 rounding of the log-softmax. A case flips when any
+of its steps does: p_flip_pred = 1 − ∏ (1 − p_step(g_i)) over every step of the reference's output.
+Two cases get equal predictions only when their gaps give equal products.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from flakecheck.flip_kind import dtype_name, ulp
 from flakecheck.traces import Trace
 
 UNITS = ("ulp", "logprob")
+EQUAL_TOLERANCE = {"ulp": 1e-3, "logprob": 1e-6}  # a thousandth of an ulp; fp32 rounding of a logprob gap
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,12 @@ class NoiseModel:
         return (len(self.shifts) - bisect.bisect_right(self.shifts, gap)) / len(self.shifts)
 
     def step_flip(self, gap: float) -> float:
-        return 0.5 * self.exceeding(max(gap, 0.0))
+        tolerance = EQUAL_TOLERANCE[self.unit]
+        gap = max(gap, 0.0)
+        if gap <= tolerance:  # a tie: any change of its numbers decides it one way or the other
+            return 0.5 * self.exceeding(tolerance)
+        above = self.exceeding(gap + tolerance)
+        return 0.5 * above + 0.25 * (self.exceeding(gap - tolerance) - above)
 
     def quantiles(self) -> dict[str, float | None]:
         def q(p: float) -> float | None:
