@@ -89,12 +89,19 @@ def main(json_out: bool = False, quick: bool = False, limit: int | None = None, 
         "replay_sampled_s": round(sampled.meta["timings"]["replay_s"], 2),
         "rows_default": default.meta["replay_stats"].get("rows"),
         "rows_sampled": sampled.meta["replay_stats"].get("rows"),
+        # computed rows are what the replay's time follows, and unlike wall time they do not depend on
+        # what else the machine runs
+        "rows_vs_default": _ratio(sampled.meta["replay_stats"].get("rows"), default.meta["replay_stats"].get("rows")),
         "noise": flip.get("noise"),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "cpu": _cpu(),
     }
     print(json.dumps(result))
     return result
+
+
+def _ratio(a: int | None, b: int | None) -> float | None:
+    return round(a / b, 3) if a and b else None
 
 
 def _cpu() -> str:
