@@ -125,7 +125,7 @@ def probe(
 @app.command(help="Hold two diagnoses of one suite against each other (e.g. a simulated run and a probe).\n\n"
              "Example: flakecheck compare reports/sim reports/vllm --json")
 def compare(
-    run_a: Path = typer.Argument(..., help="run directory A (its risk is the predictor)"),
+    run_a: Path = typer.Argument(..., help="run directory A (its predicted flip probability is the predictor)"),
     run_b: Path = typer.Argument(..., help="run directory B (its divergences are what is predicted)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:

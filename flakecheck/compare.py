@@ -3,9 +3,10 @@
 Typically A is a simulated `run` and B a `probe` of the server the suite is evaluated against:
 
 - per case, whether it diverged (status flaky or verdict_flaky) in A, in B, in both or in neither;
-- the AUROC of A's `risk` for B's divergence: the chance that a case B saw diverge has a higher
-  risk in A than a case B saw stable, ties counting one half (the Mann-Whitney statistic over all
-  pairs). It is undefined, and reported so, when B's cases are all diverged or all not;
+- the AUROC of A's predicted flip probability (`p_flip_pred`; the old `risk` for a run directory from
+  before predictions) for B's divergence: the chance that a case B saw diverge is predicted higher in A
+  than a case B saw stable, ties counting one half (the Mann-Whitney statistic over all pairs). It is
+  undefined, and reported so, when B's cases are all diverged or all not;
 - among the cases diverged in both, how often the first divergence is at the same step, and the
   median absolute difference of the steps;
 - how many reference (serial) answers the two runs share token for token (text for text where a run's
@@ -68,6 +69,7 @@ class Comparison:
     # A's p_flip_pred against B's p_flip: {"all": ..., "same_reference": ..., "different_reference": ...}, each
     # a calibration block (flakecheck.flip.calibration) or None; None when B has no draws or A no predictions
     probability: dict[str, Any] | None = None
+    predictor: str = "predicted flip probability"  # what the AUROC ranks A's cases by
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,14 +102,16 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
         raise UserError(f"{a.path} and {b.path} have no case id in common: not diagnoses of one suite")
     cases, counts = [], dict.fromkeys(CATEGORIES, 0)
     scores, labels, steps = [], [], []
+    predicted = "p_flip_pred" in a.cases and bool(a.cases["p_flip_pred"].notna().any())
     for case_id in common:
         ra, rb = rows_a[case_id], rows_b[case_id]
         da, db = ra["status"] in DIVERGED, rb["status"] in DIVERGED
         category = "both" if da and db else "a_only" if da else "b_only" if db else "neither"
         counts[category] += 1
         risk_a = _number(ra.get("risk"))
-        if risk_a is not None:
-            scores.append(risk_a)
+        predictor = _number(ra.get("p_flip_pred")) if predicted else risk_a
+        if predictor is not None:
+            scores.append(predictor)
             labels.append(db)
         step_a, step_b = clean(ra.get("first_divergence")), clean(rb.get("first_divergence"))
         if da and db and step_a is not None and step_b is not None:
@@ -123,7 +127,8 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
         case["p_flip_b"] = _number(rows_b[case["case_id"]].get("p_flip"))
     return Comparison(_describe(a), _describe(b), len(common), sorted(set(rows_a) - set(rows_b)),
                       sorted(set(rows_b) - set(rows_a)), counts, auroc(scores, labels), step_agreement(steps), cases,
-                      references, _probability(cases, (b.meta.get("flip") or {}).get("n_draws")))
+                      references, _probability(cases, (b.meta.get("flip") or {}).get("n_draws")),
+                      "predicted flip probability" if predicted else "risk")
 
 
 def _probability(cases: list[dict[str, Any]], n_draws: int | None) -> dict[str, Any] | None:
@@ -211,9 +216,9 @@ def render(result: Comparison) -> None:
     console.print(table)
     roc = result.auroc
     if roc.value is None:
-        console.print(f"AUROC of A's risk for B's divergence: {roc.undefined_reason}")
+        console.print(f"AUROC of A's {result.predictor} for B's divergence: {roc.undefined_reason}")
     else:
-        console.print(f"AUROC of A's risk for B's divergence: [bold]{roc.value:.3f}[/] "
+        console.print(f"AUROC of A's {result.predictor} for B's divergence: [bold]{roc.value:.3f}[/] "
                       f"({roc.n_positive} diverged vs {roc.n_negative} not in B)")
     steps = result.first_divergence
     if steps.n_both:
