@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flakecheck.flip.calibration import calibrate
+from flakecheck.analysis import run_label
+from flakecheck.flip.calibration import auroc, calibrate, spearman
 from flakecheck.flip.observed import agreement_rates
 from flakecheck.flip.predict import NoiseModel
 from flakecheck.flip.score import score_distribution
@@ -15,8 +16,6 @@ from flakecheck.flip.score import score_distribution
 
 def draw_labels(runs: Sequence[Mapping[str, Any]], draws: Sequence[str]) -> list[str]:
     """The run labels ('draw-03', 'c8 #2') of the draws' traces, in draw order then repeat."""
-    from flakecheck.analysis import run_label
-
     keys = sorted({(int(r["repeat"]), str(r["composition"])) for r in runs if r["composition"] in draws},
                   key=lambda k: (k[0], list(draws).index(k[1])))
     return [run_label(c, r) for r, c in keys]
@@ -24,8 +23,6 @@ def draw_labels(runs: Sequence[Mapping[str, Any]], draws: Sequence[str]) -> list
 
 def flip_meta(cases: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]], reference: str,
               draws: Sequence[str], noise: NoiseModel, sampling: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    from flakecheck.analysis import run_label
-
     labels = draw_labels(runs, draws)
     outputs: dict[str, list[list[int]]] = {}
     verdicts: dict[str, dict[str, bool | None]] = {}
@@ -51,8 +48,6 @@ def flip_meta(cases: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, An
 def _risk_calibration(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """How the old risk score (1 − ∏(1 − e^(−gap/τ))) ranks against the observed probabilities, beside the
     prediction's own figures: the column stays only as long as this is worth showing."""
-    from flakecheck.flip.calibration import auroc, spearman
-
     pairs = [(c.get("risk"), c.get("p_flip")) for c in cases]
     pairs = [(q, p) for q, p in pairs if q is not None and p is not None]
     if not pairs:
