@@ -44,7 +44,7 @@ class FlipView:
     def lines(self) -> list[str]:
         """Plain text, one fact a line (terminal, markdown)."""
         n = self.n_draws
-        out = [f"flip probability over {self.source}: {self.n_flipping} cases flip in at least one draw; "
+        out = [f"flip probability over {self.source}: {_cases(self.n_flipping)} flip in at least one draw; "
                f"TARr@{n} {_pct(self.agreement.get('tar_r'))}, TARa@{n} {_pct(self.agreement.get('tar_a'))} "
                f"(cases whose raw outputs / verdicts agree across every draw)"]
         s = self.score
@@ -52,14 +52,14 @@ class FlipView:
             std = "—" if s.get("std_pp") is None else f"{s['std_pp']:.1f} pp"
             out.append(f"score under this load: mean {_pct(s['mean'])}, std {std}, 5th–95th percentile "
                        f"{_pct(s.get('p5'))}–{_pct(s.get('p95'))}, retry-free {_pct(s.get('retry_free'))} "
-                       f"(passes under every draw); single run ({_pct(s.get('single_run'))} under the reference)")
+                       f"(passes under every draw); single-run score {_pct(s.get('single_run'))} (the reference)")
         c = self.calibration
         if c:
             line = (f"calibration of predicted vs observed ({c['n_cases']} cases): AUROC {_num(c.get('auroc'))} · "
                     f"Spearman {_num(c.get('spearman'))} · Brier {_num(c.get('brier'))} · mean predicted "
                     f"{_num(c.get('mean_predicted'))} vs observed {_num(c.get('mean_observed'))}; "
-                    f"{c.get('top_shared')} cases share the top prediction, {c.get('observed_at_90')} flip in ≥ 90% "
-                    f"of draws")
+                    f"{_cases(c.get('top_shared'))} share the top prediction, {_cases(c.get('observed_at_90'))} "
+                    f"flip in ≥ 90% of draws")
             if self.risk:
                 line += (f" (the old risk score: AUROC {_num(self.risk.get('auroc'))}, Spearman "
                          f"{_num(self.risk.get('spearman'))}, {self.risk.get('top_shared')} share its top)")
@@ -85,6 +85,10 @@ def fmt_observed(case: dict[str, Any]) -> str:
 def fmt_predicted(case: dict[str, Any]) -> str:
     q = case.get("p_flip_pred")
     return "—" if q is None else f"{q:.2f}"
+
+
+def _cases(n: Any) -> str:
+    return f"{n} case" if n == 1 else f"{n} cases"
 
 
 def _pct(value: Any) -> str:
