@@ -18,7 +18,7 @@ from flakecheck.engine import LoadedModel, load_model
 from flakecheck.errors import UserError
 from flakecheck.flip.calibration import auroc, brier, calibrate, spearman
 from flakecheck.flip.load import parse_load, sample_compositions
-from flakecheck.flip.observed import observe, wilson
+from flakecheck.flip.observed import agreement_rates, observe, wilson
 from flakecheck.flip.predict import NoiseModel, measure_noise, predict
 from flakecheck.flip.score import score_distribution
 from flakecheck.reports.facts import gather
@@ -96,6 +96,12 @@ def test_wilson_at_the_ends_and_observed_counts() -> None:
     seen = observe([1, 2, 3], True, [([1, 2, 3], True), ([1, 2, 4], False), ([1, 2], True), ([1, 2, 3], None)])
     assert (seen.n, seen.flips, seen.graded, seen.verdict_flips) == (4, 2, 3, 1)
     assert seen.p_flip == 0.5 and seen.p_verdict_flip == pytest.approx(1 / 3)
+
+
+def test_agreement_rates_by_hand() -> None:
+    outputs = {"a": [[1], [1], [1]], "b": [[1], [2], [1]], "c": [[5, 6], [5, 6], [5, 6]]}
+    verdicts = {"a": [True, True, True], "b": [True, False, True], "c": [None, None, None]}
+    assert agreement_rates(outputs, verdicts) == {"n": 3, "tar_r": 2 / 3, "tar_a": 0.5}
 
 
 # ------------------------------------------------------------------------------------------ prediction
