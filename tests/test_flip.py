@@ -159,6 +159,10 @@ def test_calibration_figures_against_hand_computed_values() -> None:
     block = calibrate([0.05, 0.15, 0.95, None], [0.0, 0.25, 1.0, 0.5], 4)
     assert block is not None and block["n_cases"] == 3 and block["top_shared"] == 1
     assert block["observed_at_90"] == 1
+    # Brier = the outcomes' own variance + the squared error of the rates
+    assert block["brier_floor"] == pytest.approx((0 + 0.25 * 0.75 + 0) / 3)
+    assert block["rate_mse"] == pytest.approx((0.05 ** 2 + 0.1 ** 2 + 0.05 ** 2) / 3)
+    assert block["brier"] == pytest.approx(block["brier_floor"] + block["rate_mse"])
     assert [b["n"] for b in block["bins"]] == [1, 1, 0, 0, 0, 0, 0, 0, 0, 1]
 
 

@@ -50,11 +50,17 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
 
 def brier(predicted: Sequence[float], observed: Sequence[float]) -> float | None:
     """The mean squared error of `predicted` against each draw's 0/1 outcome, a case with observed rate p
-    contributing p·(1 − q)² + (1 − p)·q² for its prediction q (so a perfectly calibrated q = p still scores
-    its outcome's own variance p·(1 − p))."""
+    contributing p·(1 − q)² + (1 − p)·q² = p·(1 − p) + (q − p)² for its prediction q: a perfectly calibrated
+    q = p still scores its outcome's own variance p·(1 − p) (`brier_floor`), and the rest is the squared
+    error of the rates (`rate_mse`)."""
     if not predicted:
         return None
     return sum(p * (1 - q) ** 2 + (1 - p) * q * q for q, p in zip(predicted, observed)) / len(predicted)
+
+
+def brier_floor(observed: Sequence[float]) -> float | None:
+    """What a prediction equal to every observed rate would score: the mean of p·(1 − p)."""
+    return sum(p * (1 - p) for p in observed) / len(observed) if observed else None
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,8 @@ def calibrate(predicted: Sequence[float | None], observed: Sequence[float | None
         "auroc": auroc(q, [x > 0 for x in p]),
         "spearman": spearman(q, p),
         "brier": brier(q, p),
+        "brier_floor": brier_floor(p),
+        "rate_mse": sum((a - b) ** 2 for a, b in pairs) / len(pairs),
         "mean_predicted": sum(q) / len(q),
         "mean_observed": sum(p) / len(p),
         "top_shared": sum(x == top for x in q),

@@ -56,7 +56,8 @@ class FlipView:
         c = self.calibration
         if c:
             line = (f"calibration of predicted vs observed ({c['n_cases']} cases): AUROC {_num(c.get('auroc'))} · "
-                    f"Spearman {_num(c.get('spearman'))} · Brier {_num(c.get('brier'))} · mean predicted "
+                    f"Spearman {_num(c.get('spearman'))} · Brier {_num(c.get('brier'))} (a perfect prediction: "
+                    f"{_num(c.get('brier_floor'))}) · mean predicted "
                     f"{_num(c.get('mean_predicted'))} vs observed {_num(c.get('mean_observed'))}; "
                     f"{_cases(c.get('top_shared'))} share the top prediction, {_cases(c.get('observed_at_90'))} "
                     f"flip in ≥ 90% of draws")
