@@ -192,25 +192,25 @@ def flip_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _sampled(model: LoadedModel, suite: Path, out: Path, kernels: str) -> flakecheck.RunData:
     # the reference and the draws only (--sample-only): the named compositions add time, not coverage
     return flakecheck.run_suite(suite, model=model, kernels=kernels, max_tokens=10, out=out, html=kernels == "splitk",
-                                compositions=[Composition("solo")], sample=12, load="poisson:6", sample_seed=3)
+                                compositions=[Composition("solo")], sample=8, load="poisson:6", sample_seed=3)
 
 
 def test_sampled_run_columns_are_consistent_with_the_traces(tiny_bf16, flip_suite, tmp_path) -> None:
     run = _sampled(tiny_bf16, flip_suite, tmp_path / "splitk", "splitk")
-    draws = [f"draw-{i:02d}" for i in range(1, 13)]
-    assert run.meta["flip"]["draws"] == draws and run.meta["flip"]["n_draws"] == 12
+    draws = [f"draw-{i:02d}" for i in range(1, 9)]
+    assert run.meta["flip"]["draws"] == draws and run.meta["flip"]["n_draws"] == 8
     runs = run.runs
     ref = runs[runs.composition == "solo"].set_index("case_id")
     for row in run.cases.itertuples():
         mine = runs[(runs.case_id == row.case_id) & runs.composition.isin(draws)]
-        assert len(mine) == 12 == row.n_draws
+        assert len(mine) == 8 == row.n_draws
         differ = [list(t) != list(ref.loc[row.case_id, "token_ids"]) for t in mine.token_ids]
-        assert row.p_flip == pytest.approx(sum(differ) / 12)
+        assert row.p_flip == pytest.approx(sum(differ) / 8)
         assert row.p_flip_low <= row.p_flip <= row.p_flip_high
         assert 0.0 <= row.p_flip_pred <= 1.0
     assert run.cases.p_flip.max() > 0  # split-K flips something on the wide tiny model
     score = run.meta["flip"]["score"]
-    assert score["n_draws"] == 12 and len(score["per_draw"]) == 12
+    assert score["n_draws"] == 8 and len(score["per_draw"]) == 8
     assert score["retry_free"] <= min(score["per_draw"])
     # every report states it: terminal, HTML (with the reliability plot), JSON; cases ordered by p_flip
     facts = gather(run)
@@ -219,7 +219,7 @@ def test_sampled_run_columns_are_consistent_with_the_traces(tiny_bf16, flip_suit
     console = Console(record=True, width=240)
     render_summary(run, console, top=5)
     text = console.export_text()
-    assert "flip probability over 12 compositions sampled from poisson:6 (seed 3)" in text
+    assert "flip probability over 8 compositions sampled from poisson:6 (seed 3)" in text
     assert "score under this load: mean" in text and "calibration of predicted vs observed (11 cases)" in text
     shown = facts.top(5)
     for case in shown:
@@ -236,7 +236,7 @@ def test_an_invariant_run_observes_no_flip_in_any_case(tiny_bf16, flip_suite, tm
     run = _sampled(tiny_bf16, flip_suite, tmp_path / "invariant", "invariant")
     assert len(run.cases) == 11
     assert (run.cases.p_flip == 0).all() and (run.cases.p_flip_pred == 0).all()
-    assert (run.cases.p_flip_high < 0.3).all()
+    assert (run.cases.p_flip_high < 0.4).all()  # 0 of 8: 0.32
 
 
 @pytest.mark.parametrize("args, flag", [(["--sample", "0", "--sample-only"], "--sample"),
