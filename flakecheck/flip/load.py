@@ -56,8 +56,11 @@ class LoadModel:
         return rng.choices(self.sizes, weights=self.weights)[0]
 
     def to_dict(self) -> dict[str, object]:
-        return {"spec": self.spec, "mean_batch": round(self.mean, 3),
-                "histogram": {str(s): w for s, w in zip(self.sizes, self.weights)}}
+        """What meta.json records: a named shape by its name, a file's histogram in full (the file may go)."""
+        data: dict[str, object] = {"spec": self.spec, "mean_batch": round(self.mean, 3)}
+        if not re.match(r"(poisson|uniform):", self.spec):
+            data["histogram"] = {str(s): w for s, w in zip(self.sizes, self.weights)}
+        return data
 
 
 def parse_load(text: str) -> LoadModel:
