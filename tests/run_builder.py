@@ -121,4 +121,6 @@ def run_specs(draw: st.DrawFn, min_compositions: int = 1) -> RunSpec:
         gaps = draw(st.lists(gap_values, min_size=len(outputs[0]), max_size=len(outputs[0])))
         check = draw(st.one_of(st.none(), st.sampled_from(VOCAB[3:])))
         cases.append(CaseSpec(case_id, check, outputs, gaps))
-    return RunSpec(compositions, cases, dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])))
+    # sometimes the other compositions are draws: reports then carry the flip-probability block too
+    draws = compositions[1:] if draw(st.booleans()) else []
+    return RunSpec(compositions, cases, dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])), draws=draws)
