@@ -355,3 +355,24 @@ def test_compare_calibrates_a_predicted_against_b_observed_split_by_reference(dr
     assert by_case["flippy"]["same_reference"] is False and by_case["flippy"]["p_flip_b"] == 0.5
     # A's run has identical gaps under every draw (no measured noise): it predicts 0 for both, a tie
     assert by_case["steady"]["p_flip_pred_a"] == 0.0 and probability["all"]["auroc"] == 0.5
+
+
+# ---------------------------------------------------------------------------------- the real default model
+
+
+@pytest.mark.slow
+def test_smollm2_invariant_draws_observe_no_flip_and_predict_none(tmp_path: Path) -> None:
+    """The fix, stated as flip probability on the real model: fixed-order kernels under sampled load."""
+    from dataclasses import replace
+
+    from flakecheck.suite import load_suite
+
+    demo = Path(__file__).resolve().parents[1] / "suites" / "demo.jsonl"
+    suite = load_suite(demo).select(["qa-11", "qa-09", "math-02"])  # two that flip often under split-K
+    suite = replace(suite, cases=[replace(c, max_tokens=12) for c in suite.cases])
+    run = flakecheck.run_suite(suite, model=load_model("smollm2", "bfloat16"), kernels="invariant",
+                               out=tmp_path / "inv", html=False, compositions=[Composition("solo")], sample=4,
+                               load="poisson:8", sample_seed=1)
+    assert list(run.cases.n_draws) == [4, 4, 4]
+    assert (run.cases.p_flip == 0).all() and (run.cases.p_flip_pred == 0).all()
+    assert run.meta["flip"]["noise"]["changed"] == 0.0  # not one gap moved under any draw
