@@ -20,10 +20,12 @@ first; see flakecheck.flip_kind). Verdicts come in from outside
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from flakecheck.flip.observed import observe
+from flakecheck.flip.predict import NoiseModel, measure_noise, predict
 from flakecheck.flip_kind import classify_flip
 from flakecheck.suite import Case
 from flakecheck.traces import Trace
@@ -43,6 +45,7 @@ class Tables:
     tokens: list[dict[str, Any]]
     cases: list[dict[str, Any]]
     gap_noise: float = 0.0
+    noise: NoiseModel = field(default_factory=lambda: NoiseModel("logprob", "float32", ()))
 
 
 def run_label(composition: str, repeat: int) -> str:
@@ -91,12 +94,17 @@ def case_status(diverged: bool, verdict_flip: bool, near_ties: int) -> str:
 
 def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thresholds: Thresholds,
             decode: Callable[[list[int]], str], token_text: Callable[[int], str], *,
-            verdicts: Mapping[VerdictKey, bool | None], dtype: str | None = None) -> Tables:
+            verdicts: Mapping[VerdictKey, bool | None], dtype: str | None = None,
+            draws: Collection[str] = ()) -> Tables:
     """Traces (in composition order) of every case -> runs, tokens and cases rows.
 
     `verdicts` holds every trace's pass/fail (None: ungraded) by (case_id, composition, repeat), computed
     before (flakecheck.grading). `dtype` is the dtype the logits were computed in, for flip_kind; None
     (unknown, e.g. a server) classifies as fp32, the smallest noise, so a tie is never over-claimed.
+    `draws`: the compositions that are draws from a load (sampled, or a probe's load levels): every case's
+    observed flip probability is over their traces (all repeats), and the gap-shift noise that predicts it
+    is measured on them; without draws there is no observed probability and the noise is measured on every
+    composition other than the reference.
     """
     by_case: dict[str, list[Trace]] = {}
     for trace in traces:
@@ -106,9 +114,19 @@ def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thre
     tables = Tables([], [], [])
     # measured over the whole run first: a flip is judged against the noise every case showed
     tables.gap_noise = max((gap_noise(refs[case.id], t) for case in cases for t in by_case[case.id]), default=0.0)
+    measured = [(refs[case.id], t) for case in cases for t in by_case[case.id]
+                if (t.composition in draws if draws else t is not refs[case.id])]
+    tables.noise = measure_noise(measured, dtype)
     for case in cases:
-        tables.cases.append(_analyse_case(case, by_case[case.id], refs[case.id], thresholds, decode, token_text,
-                                          tables, verdicts, dtype or "float32"))
+        row = _analyse_case(case, by_case[case.id], refs[case.id], thresholds, decode, token_text,
+                            tables, verdicts, dtype or "float32")
+        ref = refs[case.id]
+        drawn = [t for t in by_case[case.id] if t.composition in draws]
+        observed = observe(ref.token_ids, verdicts[(case.id, ref.composition, ref.repeat)],
+                           [(t.token_ids, verdicts[(case.id, t.composition, t.repeat)]) for t in drawn])
+        row.update(observed.columns() if drawn else dict.fromkeys(observed.columns()))
+        row["p_flip_pred"] = predict(ref, tables.noise)
+        tables.cases.append(row)
     return tables
 
 

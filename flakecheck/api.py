@@ -113,7 +113,8 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
         timings["grading_s"] = time.perf_counter() - t0
         run = write_run(prepared.directory, prepared.suite, traces, config.compositions[0].name,
                         Thresholds(config.gap_threshold, config.gap_window), texts,
-                        {**_meta(prepared), "replay": replayed["mode"], "replay_stats": replayed}, timings, verdicts)
+                        {**_meta(prepared), "replay": replayed["mode"], "replay_stats": replayed}, timings, verdicts,
+                        draws=config.drawn, sampling=config.sampling())
     report_error = write_report_html(run, prepared.directory.html_path) if config.html else None
     timings["total_s"] = time.perf_counter() - started
     run.meta["timings"] = timings
@@ -258,11 +259,15 @@ def _meta(prepared: PreparedRun) -> dict[str, Any]:
 
 
 def run_from_cli(*, suite: Path, compositions_file: Path | None, composition_specs: list[str], ids: str | None,
-                 quiet: bool, resume: bool, **options: Any) -> None:
+                 quiet: bool, resume: bool, sample_only: bool = False, **options: Any) -> None:
     """`flakecheck run`: the API call, a progress bar, then the terminal summary."""
     from rich.console import Console
 
     compositions = resolve_compositions(compositions_file, composition_specs)
+    if sample_only:
+        if not options.get("sample"):
+            raise UserError("--sample-only needs --sample N (the compositions to draw)")
+        compositions = compositions[:1]  # the reference alone beside the draws
     config = config_from_options(suite, compositions, ids=parse_ids(ids), **options)
     try:
         run = execute(config, resume=resume, progress=not quiet)

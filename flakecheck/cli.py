@@ -59,6 +59,14 @@ def run(
     workers: int = typer.Option(2, help="--ray: replay actors (each loads the model once)"),
     cpus_per_worker: int | None = typer.Option(None, help="--ray: CPUs (threads) per actor (default: shared out)"),
     allow_mixed_devices: bool = typer.Option(False, help="--ray: run even when actors' machines differ (recorded)"),
+    sample: int = typer.Option(0, help="also replay N compositions drawn from --load: each case's observed flip "
+                               "probability with a 95% interval, and the score's spread under that load"),
+    load: str = typer.Option("poisson:16", help="--sample: the batch sizes a request meets: poisson:MEAN (MEAN "
+                             "others beside it), uniform:LO-HI, or a histogram file (serve's /stats JSON, "
+                             "{size: weight}, a list of samples, or one number a line)"),
+    seed: int = typer.Option(0, help="--sample: the seed the compositions are drawn with (same seed, same draws)"),
+    sample_only: bool = typer.Option(False, "--sample-only", help="--sample: replay the reference and the draws "
+                                     "only, not the named compositions"),
 ) -> None:
     from flakecheck.api import run_from_cli
 
@@ -68,7 +76,7 @@ def run(
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
         out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
-        allow_mixed_devices=allow_mixed_devices,
+        allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, sample_seed=seed, sample_only=sample_only,
     )
 
 
@@ -117,7 +125,7 @@ def probe(
 @app.command(help="Hold two diagnoses of one suite against each other (e.g. a simulated run and a probe).\n\n"
              "Example: flakecheck compare reports/sim reports/vllm --json")
 def compare(
-    run_a: Path = typer.Argument(..., help="run directory A (its risk is the predictor)"),
+    run_a: Path = typer.Argument(..., help="run directory A (its predicted flip probability is the predictor)"),
     run_b: Path = typer.Argument(..., help="run directory B (its divergences are what is predicted)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
@@ -152,13 +160,18 @@ def gate(
     markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
     max_score_swing: float | None = typer.Option(None, help="fail when the score swing (best-case minus worst-case "
                                                  "score over compositions) exceeds this many percentage points"),
+    max_flip_probability: float | None = typer.Option(None, help="fail when a case may flip in more than this "
+                                                      "share of draws (its 95% interval's upper bound; needs a run "
+                                                      "with --sample, or a probe with --repeat)"),
+    max_score_std: float | None = typer.Option(None, help="fail when the score's standard deviation over the draws "
+                                               "exceeds this many percentage points"),
 ) -> None:
     from flakecheck.gate import gate_command
 
     raise typer.Exit(gate_command(
         run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
         fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
-        max_score_swing=max_score_swing,
+        max_score_swing=max_score_swing, max_flip_probability=max_flip_probability, max_score_std=max_score_std,
     ))
 
 
@@ -244,11 +257,12 @@ def serve(
                                 enable_prefix_caching, max_model_len, served_model_name), host, port, quiet)
 
 
-@app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale.\n\n"
+@app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration.\n\n"
              "Example: flakecheck bench run --json")
 def bench(
     target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost) | "
-                                 "scale (one process against a local Ray cluster)"),
+                                 "scale (one process against a local Ray cluster) | calibration (predicted vs observed "
+                                 "flip probability, and what --sample costs)"),
     json_out: bool = typer.Option(False, "--json", help="print only the JSON line"),
     quick: bool = typer.Option(False, help="a smaller workload (smoke test of the benchmark itself)"),
     cases: int | None = typer.Option(None, help="run, pinning, scale: demo cases to replay (default 24; pinning 12)"),
@@ -257,10 +271,12 @@ def bench(
     ray: str | None = typer.Option(None, "--ray", help="run: time the simulated side on a Ray cluster too (--ray "
                                    "alone: a local one; auto; or an address)"),
     workers: int = typer.Option(2, help="run --ray: replay actors"),
+    limit: int | None = typer.Option(None, help="calibration: only the first N demo cases (default all 111)"),
+    sample: int | None = typer.Option(None, help="calibration: compositions to sample (default 32)"),
 ) -> None:
     import importlib
 
-    targets = ("engine", "kernels", "run", "pinning", "scale")
+    targets = ("engine", "kernels", "run", "pinning", "scale", "calibration")
     if target not in targets:
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
     module = importlib.import_module(f"flakecheck.bench.{target}")
@@ -269,6 +285,11 @@ def bench(
         extra.update(ray=ray, workers=workers)
     if target == "scale":
         extra = {"cases": cases, "suite": str(suite) if suite else None}
+    if target == "calibration":
+        for flag, value in (("--limit", limit), ("--sample", sample)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be an integer >= 1, got {value}")
+        extra = {"limit": limit, "sample": sample}
     module.main(json_out=json_out, quick=quick, **extra)
 
 

@@ -3,11 +3,18 @@
 Typically A is a simulated `run` and B a `probe` of the server the suite is evaluated against:
 
 - per case, whether it diverged (status flaky or verdict_flaky) in A, in B, in both or in neither;
-- the AUROC of A's `risk` for B's divergence: the chance that a case B saw diverge has a higher
-  risk in A than a case B saw stable, ties counting one half (the Mann-Whitney statistic over all
-  pairs). It is undefined, and reported so, when B's cases are all diverged or all not;
+- the AUROC of A's predicted flip probability (`p_flip_pred`; the old `risk` for a run directory from
+  before predictions) for B's divergence: the chance that a case B saw diverge is predicted higher in A
+  than a case B saw stable, ties counting one half (the Mann-Whitney statistic over all pairs). It is
+  undefined, and reported so, when B's cases are all diverged or all not;
 - among the cases diverged in both, how often the first divergence is at the same step, and the
-  median absolute difference of the steps.
+  median absolute difference of the steps;
+- how many reference (serial) answers the two runs share token for token (text for text where a run's
+  token ids are not the model's), and the calibration of A's predicted flip probability (`p_flip_pred`)
+  against B's observed one (`p_flip`, over B's draws: a probe with `--repeat`, or a run with `--sample`):
+  AUROC, Spearman, Brier and reliability bins, over every common case and separately over the cases whose
+  references agree and those whose references already differ (where A diagnoses another trajectory
+  than B's, and a prediction can only be right by chance).
 
 Cases are matched by id; cases present in only one run are listed, never silently dropped.
 """
@@ -56,6 +63,13 @@ class Comparison:
     auroc: Auroc
     first_divergence: StepAgreement
     cases: list[dict[str, Any]] = field(default_factory=list)
+    # reference answers shared token for token: {"compared": n, "same": n, "by": "tokens" | "text"} (None:
+    # a run without its runs table)
+    references: dict[str, Any] | None = None
+    # A's p_flip_pred against B's p_flip: {"all": ..., "same_reference": ..., "different_reference": ...}, each
+    # a calibration block (flakecheck.flip.calibration) or None; None when B has no draws or A no predictions
+    probability: dict[str, Any] | None = None
+    predictor: str = "predicted flip probability"  # what the AUROC ranks A's cases by
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,14 +102,16 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
         raise UserError(f"{a.path} and {b.path} have no case id in common: not diagnoses of one suite")
     cases, counts = [], dict.fromkeys(CATEGORIES, 0)
     scores, labels, steps = [], [], []
+    predicted = "p_flip_pred" in a.cases and bool(a.cases["p_flip_pred"].notna().any())
     for case_id in common:
         ra, rb = rows_a[case_id], rows_b[case_id]
         da, db = ra["status"] in DIVERGED, rb["status"] in DIVERGED
         category = "both" if da and db else "a_only" if da else "b_only" if db else "neither"
         counts[category] += 1
         risk_a = _number(ra.get("risk"))
-        if risk_a is not None:
-            scores.append(risk_a)
+        predictor = _number(ra.get("p_flip_pred")) if predicted else risk_a
+        if predictor is not None:
+            scores.append(predictor)
             labels.append(db)
         step_a, step_b = clean(ra.get("first_divergence")), clean(rb.get("first_divergence"))
         if da and db and step_a is not None and step_b is not None:
@@ -104,8 +120,56 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
                       "risk_a": risk_a, "risk_b": _number(rb.get("risk")),
                       "first_divergence_a": None if step_a is None else int(step_a),
                       "first_divergence_b": None if step_b is None else int(step_b)})
+    same_reference, references = _same_references(a, b, common)
+    for case in cases:
+        case["same_reference"] = same_reference.get(case["case_id"])
+        case["p_flip_pred_a"] = _number(rows_a[case["case_id"]].get("p_flip_pred"))
+        case["p_flip_b"] = _number(rows_b[case["case_id"]].get("p_flip"))
     return Comparison(_describe(a), _describe(b), len(common), sorted(set(rows_a) - set(rows_b)),
-                      sorted(set(rows_b) - set(rows_a)), counts, auroc(scores, labels), step_agreement(steps), cases)
+                      sorted(set(rows_b) - set(rows_a)), counts, auroc(scores, labels), step_agreement(steps), cases,
+                      references, _probability(cases, (b.meta.get("flip") or {}).get("n_draws")),
+                      "predicted flip probability" if predicted else "risk")
+
+
+def _probability(cases: list[dict[str, Any]], n_draws: int | None) -> dict[str, Any] | None:
+    from flakecheck.flip.calibration import calibrate
+
+    def block(subset: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return calibrate([c["p_flip_pred_a"] for c in subset], [c["p_flip_b"] for c in subset], n_draws)
+
+    everything = block(cases)
+    if everything is None:
+        return None
+    return {"all": everything, "same_reference": block([c for c in cases if c["same_reference"] is True]),
+            "different_reference": block([c for c in cases if c["same_reference"] is False])}
+
+
+def _model_ids(meta: dict[str, Any]) -> bool:
+    """Whether a run's token ids are the model's vocabulary (the engine's, or a server that reports them)."""
+    source = meta.get("source", "engine")
+    server = meta.get("server") if isinstance(meta.get("server"), dict) else {}
+    return source == "engine" or (source == "probe" and server.get("token_ids") == "server")
+
+
+def _same_references(a: RunData, b: RunData, common: list[str]) -> tuple[dict[str, bool], dict[str, Any] | None]:
+    """Per common case, whether the two reference answers are equal; and the counts."""
+    by = "tokens" if _model_ids(a.meta) and _model_ids(b.meta) else "text"
+
+    def answers(run: RunData) -> dict[str, Any]:
+        runs = run.runs
+        if runs.empty or "composition" not in runs:
+            return {}
+        reference = run.meta.get("reference") or (run.meta.get("compositions") or [{}])[0].get("name")
+        rows = runs[(runs["composition"] == reference) & (runs["repeat"] == 0)]
+        column = "token_ids" if by == "tokens" else "text"
+        return {str(c): (tuple(int(t) for t in v) if by == "tokens" else clean(v))
+                for c, v in zip(rows["case_id"], rows[column])}
+
+    ref_a, ref_b = answers(a), answers(b)
+    same = {case: ref_a[case] == ref_b[case] for case in common if case in ref_a and case in ref_b}
+    if not same:
+        return {}, None
+    return same, {"compared": len(same), "same": sum(same.values()), "by": by}
 
 
 def _number(value: Any) -> float | None:
@@ -152,9 +216,9 @@ def render(result: Comparison) -> None:
     console.print(table)
     roc = result.auroc
     if roc.value is None:
-        console.print(f"AUROC of A's risk for B's divergence: {roc.undefined_reason}")
+        console.print(f"AUROC of A's {result.predictor} for B's divergence: {roc.undefined_reason}")
     else:
-        console.print(f"AUROC of A's risk for B's divergence: [bold]{roc.value:.3f}[/] "
+        console.print(f"AUROC of A's {result.predictor} for B's divergence: [bold]{roc.value:.3f}[/] "
                       f"({roc.n_positive} diverged vs {roc.n_negative} not in B)")
     steps = result.first_divergence
     if steps.n_both:
@@ -162,6 +226,7 @@ def render(result: Comparison) -> None:
                       f"median |step A - step B| = {steps.median_abs_diff:g}")
     else:
         console.print("first divergence: no case diverged in both runs")
+    _render_probability(result, console)
     disagree = [c for c in result.cases if c["category"] in ("a_only", "b_only")]
     if disagree:
         console.print(_disagreement_table(disagree))
@@ -169,6 +234,36 @@ def render(result: Comparison) -> None:
         if ids:
             shown = ", ".join(escape(i) for i in ids[:20]) + (f" (+{len(ids) - 20} more)" if len(ids) > 20 else "")
             console.print(f"[yellow]only in {tag} ({len(ids)}):[/] {shown}")
+
+
+def _render_probability(result: Comparison, console: Any) -> None:
+    refs = result.references
+    if refs is not None:
+        unit = "token for token" if refs["by"] == "tokens" else "text for text (token ids are not comparable)"
+        console.print(f"reference answers shared {unit}: [bold]{refs['same']}[/] of {refs['compared']}")
+    probability = result.probability
+    if probability is None:
+        console.print("flip probability: not compared (B has no draws: probe with --repeat N or run with --sample "
+                      "N; or A has no predictions)")
+        return
+    for key, label in (("all", "all common cases"), ("same_reference", "references agree"),
+                       ("different_reference", "references differ")):
+        block = probability.get(key)
+        if block is None:
+            console.print(f"A's predicted vs B's observed flip probability, {label}: no case")
+            continue
+        console.print(f"A's predicted vs B's observed flip probability, {label} ({block['n_cases']} cases): "
+                      f"AUROC {_fmt(block['auroc'])} · Spearman {_fmt(block['spearman'])} · Brier "
+                      f"{_fmt(block['brier'])} · mean predicted {_fmt(block['mean_predicted'])} vs observed "
+                      f"{_fmt(block['mean_observed'])}")
+    bins = [b for b in probability["all"]["bins"] if b["n"]]
+    console.print("  reliability (predicted bin: cases, mean predicted -> mean observed): " + "; ".join(
+        f"{b['low']:.1f}–{b['high']:.1f}: {b['n']}, {b['mean_predicted']:.2f} -> {b['mean_observed']:.2f}"
+        for b in bins))
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
 
 
 def _disagreement_table(cases: list[dict[str, Any]], top: int = 10):

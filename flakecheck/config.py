@@ -16,6 +16,7 @@ from typing import Any
 
 from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.errors import UserError
+from flakecheck.flip.load import DEFAULT_LOAD, parse_load, sample_compositions
 from flakecheck.grader import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grader import check_timeout, grader_argv
 from flakecheck.input_format import INPUT_FORMATS
@@ -73,9 +74,14 @@ class RunConfig:
     workers: int = 2
     cpus_per_worker: int | None = None
     allow_mixed_devices: bool = False
+    # flip probability (flakecheck.flip): compositions drawn from a load model, beside the named ones
+    sample: int = 0
+    load: str = DEFAULT_LOAD
+    sample_seed: int = 0
 
     def __post_init__(self) -> None:
         normalise_common(self)
+        self._add_draws()
         object.__setattr__(self, "compositions", tuple(order_compositions(list(self.compositions))))
         object.__setattr__(self, "grader", grader_argv(self.grader) if self.grader else ())
         object.__setattr__(self, "grader_timeout", check_timeout(self.grader_timeout))
@@ -94,6 +100,36 @@ class RunConfig:
             raise UserError("--replay simulated: native kernels depend on the physical batch, so their "
                             "compositions can only be replayed physically (use --replay physical or auto)")
 
+    def _add_draws(self) -> None:
+        """Check the sampling flags and put the drawn compositions after the named ones (a config read back
+        from meta.json already lists them: they are drawn again, identically, and not listed twice)."""
+        for name, flag in (("sample", "--sample"), ("sample_seed", "--seed")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"{flag} must be an integer >= 0, got {value!r}")
+        load = parse_load(self.load)  # a bad --load is refused even without --sample
+        drawn = sample_compositions(load, self.sample, self.sample_seed) if self.sample else []
+        named = [c for c in self.compositions if c not in drawn]
+        object.__setattr__(self, "compositions", tuple(named + drawn))
+
+    @property
+    def drawn(self) -> tuple[str, ...]:
+        """The names of the sampled compositions (the draws), in draw order."""
+        if not self.sample:
+            return ()
+        return tuple(c.name for c in sample_compositions(parse_load(self.load), self.sample, self.sample_seed))
+
+    @property
+    def named(self) -> tuple[Composition, ...]:
+        drawn = set(self.drawn)
+        return tuple(c for c in self.compositions if c.name not in drawn)
+
+    def sampling(self) -> dict[str, Any] | None:
+        """What meta.json records of the sampling (None without it)."""
+        if not self.sample:
+            return None
+        return {"n": self.sample, "seed": self.sample_seed, "load": parse_load(self.load).to_dict()}
+
     def with_changes(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
 
@@ -111,9 +147,15 @@ class RunConfig:
             value = getattr(self, name)
             if value != getattr(defaults, name):
                 args += [flag, value.name if isinstance(value, KernelPolicy) else str(value)]
-        if self.compositions != defaults.compositions:
-            for composition in self.compositions:
+        if self.named != defaults.compositions:
+            for composition in self.named:
                 args += ["--composition", composition.to_spec()]
+        if self.sample:
+            args += ["--sample", str(self.sample)]
+            if self.load != defaults.load:
+                args += ["--load", self.load]
+            if self.sample_seed != defaults.sample_seed:
+                args += ["--seed", str(self.sample_seed)]
         if self.ids:
             args += ["--ids", ",".join(self.ids)]
         if self.out is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from flakecheck.analysis import Thresholds, VerdictKey, analyse
 from flakecheck.checks import check_label
+from flakecheck.flip.summary import flip_meta
 from flakecheck.grading import grade_traces
 from flakecheck.rundir import RunData, RunDirectory
 from flakecheck.suite import Suite
@@ -28,18 +29,21 @@ class TokenTexts:
 
 def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], reference: str,
               thresholds: Thresholds, texts: TokenTexts, meta: dict[str, Any],
-              timings: dict[str, float], verdicts: Mapping[VerdictKey, bool | None] | None = None) -> RunData:
+              timings: dict[str, float], verdicts: Mapping[VerdictKey, bool | None] | None = None,
+              draws: Sequence[str] = (), sampling: Mapping[str, Any] | None = None) -> RunData:
     """Analyse, write runs/tokens/cases parquet and meta.json (the source's `meta` plus what every run
     records), drop the saved partial traces. `verdicts` are every trace's pass/fail, graded before
     (flakecheck.grading; None: the suite's own checks grade here). `meta["dtype"]` (the logits' dtype,
-    unknown for a server) sizes one ulp for flip_kind. The caller's `timings` gain analysis_s."""
+    unknown for a server) sizes one ulp for flip_kind. The caller's `timings` gain analysis_s. `draws`: the
+    compositions that are draws from a load (flakecheck.flip), `sampling` how they were drawn."""
     if verdicts is None:
         t0 = time.perf_counter()
         verdicts = grade_traces(traces, suite.cases, texts.decode)
         timings["grading_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     tables = analyse(traces, suite.cases, reference, thresholds, texts.decode, texts.token, verdicts=verdicts,
-                     dtype=meta.get("dtype"))
+                     dtype=meta.get("dtype"), draws=frozenset(draws))
+    flip = flip_meta(tables.cases, tables.runs, reference, list(draws), tables.noise, sampling)
     timings["analysis_s"] = time.perf_counter() - t0
     directory.write_tables(tables.runs, tables.tokens, tables.cases)
     generated = sum(len(r["token_ids"]) for r in tables.runs)
@@ -56,6 +60,7 @@ def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], re
         "reference": reference,
         "thresholds": {"gap_threshold": thresholds.gap_threshold, "gap_window": thresholds.gap_window},
         "gap_noise": tables.gap_noise,
+        "flip": flip,
         "traces_digest": traces_digest(traces),  # equal digests: the same bits
         "versions": versions(),
         "timings": timings,

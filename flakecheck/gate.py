@@ -11,7 +11,11 @@ The gate fails when any of these holds (quarantined cases are left out of every 
 - with `--max-score-swing PP`: the score swing exceeds PP percentage points. The swing is the best-case
   minus the worst-case score over the graded cases (a case passes in the worst case only if it passes
   under every composition, in the best case if it passes under any; see flakecheck.score_swing): how far
-  the suite's reported score can move from batch composition alone. No limit unless given.
+  the suite's reported score can move from batch composition alone. No limit unless given;
+- with `--max-flip-probability P` (a run with draws: `flakecheck run --sample N`, or a probe): a case's
+  observed flip probability may exceed P — the upper bound of its 95% interval is above P, so a case
+  is passed only once the draws show it flips at most that often;
+- with `--max-score-std PP`: the score's standard deviation over the draws exceeds PP percentage points.
 
 Defaults when a threshold is not given:
 
@@ -57,6 +61,8 @@ class GateSettings:
     rate_from_baseline: bool = False
     flips_from_baseline: bool = False
     max_score_swing: float | None = None  # percentage points; None: not gated
+    max_flip_probability: float | None = None  # on each case's interval's upper bound; None: not gated
+    max_score_std: float | None = None  # percentage points, over the draws; None: not gated
 
 
 @dataclass
@@ -91,6 +97,7 @@ class GateResult:
     baseline: Path | None
     score: ScoreSwing
     notes: list[str] = field(default_factory=list)
+    score_std_pp: float | None = None  # over the draws, quarantined cases left out
 
     @property
     def passed(self) -> bool:
@@ -102,20 +109,30 @@ class GateResult:
 
 def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | None,
                  max_verdict_flips: int | None, fail_on_new_fragile: bool, quarantine: Path | None,
-                 junit: Path | None, markdown: Path | None, max_score_swing: float | None = None) -> int:
+                 junit: Path | None, markdown: Path | None, max_score_swing: float | None = None,
+                 max_flip_probability: float | None = None, max_score_std: float | None = None) -> int:
     if max_flaky_rate is not None and not 0.0 <= max_flaky_rate <= 1.0:
         raise UserError(f"--max-flaky-rate must be between 0 and 1, got {max_flaky_rate}")
     if max_verdict_flips is not None and max_verdict_flips < 0:
         raise UserError(f"--max-verdict-flips must be >= 0, got {max_verdict_flips}")
     if max_score_swing is not None and not 0.0 <= max_score_swing <= 100.0:
         raise UserError(f"--max-score-swing is in percentage points, between 0 and 100; got {max_score_swing}")
+    if max_flip_probability is not None and not 0.0 <= max_flip_probability <= 1.0:
+        raise UserError(f"--max-flip-probability must be between 0 and 1, got {max_flip_probability}")
+    if max_score_std is not None and not 0.0 <= max_score_std <= 100.0:
+        raise UserError(f"--max-score-std is in percentage points, between 0 and 100; got {max_score_std}")
     if fail_on_new_fragile and baseline is None:
         raise UserError("--fail-on-new-fragile needs --baseline RUN_DIR to compare against")
     run = load_run(run_dir)
+    if (max_flip_probability is not None or max_score_std is not None) and gather(run).flip is None:
+        flag = "--max-flip-probability" if max_flip_probability is not None else "--max-score-std"
+        raise UserError(f"{flag}: {run_dir} has no draws to measure it on (run it with `flakecheck run --sample N`, "
+                        f"or probe a server with --repeat N)")
     base = load_run(baseline) if baseline is not None else None
     entries = load_quarantine(quarantine) if quarantine is not None else []
     result = evaluate(run, base, entries, max_flaky_rate, max_verdict_flips, fail_on_new_fragile, date.today(),
-                      max_score_swing=max_score_swing)
+                      max_score_swing=max_score_swing, max_flip_probability=max_flip_probability,
+                      max_score_std=max_score_std)
     text = gate_markdown(result)
     for path, content in ((junit, None), (markdown, text)):
         if path is None:
@@ -134,7 +151,8 @@ def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | N
 
 def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEntry],
              max_flaky_rate: float | None, max_verdict_flips: int | None, fail_on_new_fragile: bool,
-             today: date, max_score_swing: float | None = None) -> GateResult:
+             today: date, max_score_swing: float | None = None, max_flip_probability: float | None = None,
+             max_score_std: float | None = None) -> GateResult:
     """The gate's decision over a run (and optionally a baseline), without side effects."""
     facts = gather(run)
     active = {e.case_id: e for e in entries if not e.expired(today)}
@@ -147,8 +165,10 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         max_flaky_rate if max_flaky_rate is not None else 0.0,
         max_verdict_flips if max_verdict_flips is not None else 0,
         fail_on_new_fragile,
-        max_score_swing=max_score_swing,
+        max_score_swing=max_score_swing, max_flip_probability=max_flip_probability, max_score_std=max_score_std,
     )
+    score_std = _score_std(facts, set(active))
+    std_fails = max_score_std is not None and score_std is not None and score_std > max_score_std + RATE_EPSILON
     score = score_swing({c: v for c, v in facts.verdicts.items() if c not in active}, facts.run_labels)
     swing_fails = (max_score_swing is not None and score.swing_pp is not None
                    and score.swing_pp > max_score_swing + RATE_EPSILON)
@@ -196,6 +216,10 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
             outcome.reasons.append(f"its verdict flips ({n_flips} flips > max {settings.max_verdict_flips})")
         if c["status"] in DIVERGED and rate_fails:
             outcome.reasons.append(f"flaky rate {rate:.1%} > max {settings.max_flaky_rate:.1%}")
+        high = c.get("p_flip_high")
+        if max_flip_probability is not None and high is not None and high > max_flip_probability + RATE_EPSILON:
+            outcome.reasons.append(f"it may flip in up to {high:.0%} of draws (observed {c['p_flip']:.0%}, 95% "
+                                   f"upper bound) > max {max_flip_probability:.0%}")
         if c["verdict_flip"] and swing_fails:
             outcome.reasons.append(f"its verdict flip moves the score (swing {score.swing_pp:.1f} pp > max "
                                    f"{max_score_swing:g} pp)")
@@ -209,6 +233,13 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
     if swing_fails:
         failures.append(f"score swing {score.swing_pp:.1f} pp exceeds the maximum {max_score_swing:g} pp: "
                         f"{swing_sentence(score)}")
+    too_likely = [o.case_id for o in outcomes if any(r.startswith("it may flip") for r in o.reasons)]
+    if too_likely:
+        failures.append(f"{len(too_likely)} case(s) may flip more often than {max_flip_probability:.0%} of draws "
+                        f"(95% upper bound): {', '.join(too_likely[:10])}{' …' if len(too_likely) > 10 else ''}")
+    if std_fails:
+        failures.append(f"the score's standard deviation over the draws, {score_std:.2f} pp, exceeds the maximum "
+                        f"{max_score_std:g} pp")
     known = {str(c["case_id"]) for c in facts.cases}
     return GateResult(
         facts=facts, settings=settings, failures=failures, outcomes=outcomes, flaky_rate=rate,
@@ -216,7 +247,21 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         new_fragile=new_fragile, expired=list(expired.values()),
         unknown_quarantined=sorted(i for i in active if i not in known),
         baseline=baseline.path if baseline is not None else None, score=score, notes=notes,
+        score_std_pp=score_std,
     )
+
+
+def _score_std(facts: RunFacts, quarantined: set[str]) -> float | None:
+    """The score's standard deviation over the run's draws in percentage points, quarantined cases left out."""
+    from flakecheck.flip.score import score_distribution
+
+    draws = set((facts.meta.get("flip") or {}).get("draws") or [])
+    labels = [label for label in facts.run_labels if label.split(" #")[0] in draws]
+    if not labels:
+        return None
+    verdicts = {c: v for c, v in facts.verdicts.items() if c not in quarantined}
+    std = score_distribution(verdicts, labels, facts.reference).std
+    return None if std is None else 100.0 * std
 
 
 def _flaky_counts(cases: list[dict[str, Any]]) -> tuple[int, int]:
@@ -266,6 +311,13 @@ def print_result(result: GateResult, console: Console) -> None:
                   f"{result.n_verdict_flips} (max {s.max_verdict_flips}"
                   f"{', from the baseline' if s.flips_from_baseline else ''})")
     console.print(f"  {escape(score_swing_line(result))}")
+    if s.max_flip_probability is not None or s.max_score_std is not None:
+        highest = max((c.get("p_flip_high") or 0.0 for c in facts.cases), default=0.0)
+        std = "—" if result.score_std_pp is None else f"{result.score_std_pp:.2f} pp"
+        console.print(f"  flip probability: highest 95% upper bound {highest:.0%}"
+                      f"{'' if s.max_flip_probability is None else f' (max {s.max_flip_probability:.0%})'} · "
+                      f"score std over the draws {std}"
+                      f"{'' if s.max_score_std is None else f' (max {s.max_score_std:g} pp)'}")
     if result.baseline is not None:
         console.print(f"  baseline {escape(str(result.baseline))}: {len(result.new_divergent)} newly divergent, "
                       f"{len(result.new_fragile)} newly fragile")

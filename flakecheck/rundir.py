@@ -68,6 +68,13 @@ CASES_SCHEMA = pa.schema([
     ("pass_rate", pa.float32()),
     ("verdict_flip", pa.bool_()),
     ("risk", pa.float32()),
+    # flip probability (flakecheck.flip): over the draws (sampled compositions, a probe's load levels) ...
+    ("n_draws", pa.int32()),
+    ("p_flip", pa.float64()),  # share of draws whose tokens differ from the reference
+    ("p_flip_low", pa.float64()),  # its 95% Wilson interval
+    ("p_flip_high", pa.float64()),
+    ("p_verdict_flip", pa.float64()),  # share of graded draws whose verdict differs from the reference's
+    ("p_flip_pred", pa.float64()),  # predicted from the reference's gaps and the run's measured gap shifts
 ])
 
 # partial/<composition>.r<repeat>.parquet: the traces of one finished (composition, repeat)

@@ -43,6 +43,7 @@ class RunSpec:
     dtype: str = "bfloat16"
     gap_threshold: float = 0.05
     meta_extra: dict[str, Any] = field(default_factory=dict)
+    draws: list[str] = field(default_factory=list)  # compositions that are draws from a load (flip probability)
 
 
 def decode(ids: list[int]) -> str:
@@ -79,7 +80,7 @@ def write_run(path: Path, spec: RunSpec) -> RunData:
             "command": "flakecheck run built.jsonl", **spec.meta_extra}
     return finish.write_run(RunDirectory(path), Suite(Path("built.jsonl"), cases, "0" * 64), traces,
                             spec.compositions[0], Thresholds(gap_threshold=spec.gap_threshold),
-                            finish.TokenTexts(decode, token_text), meta, {})
+                            finish.TokenTexts(decode, token_text), meta, {}, draws=spec.draws)
 
 
 # ------------------------------------------------------------------------------------------------ strategies
@@ -120,4 +121,6 @@ def run_specs(draw: st.DrawFn, min_compositions: int = 1) -> RunSpec:
         gaps = draw(st.lists(gap_values, min_size=len(outputs[0]), max_size=len(outputs[0])))
         check = draw(st.one_of(st.none(), st.sampled_from(VOCAB[3:])))
         cases.append(CaseSpec(case_id, check, outputs, gaps))
-    return RunSpec(compositions, cases, dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])))
+    # sometimes the other compositions are draws: reports then carry the flip-probability block too
+    draws = compositions[1:] if draw(st.booleans()) else []
+    return RunSpec(compositions, cases, dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])), draws=draws)

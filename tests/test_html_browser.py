@@ -38,7 +38,7 @@ PROBE = r"""
   function set(el, value, event) { el.value = value; el.dispatchEvent(new Event(event)); }
   try {
     out.n_rows = rows().length;
-    out.initial_risk = attr(rows(), "risk");
+    out.initial_pred = attr(rows(), "pred");
     var gap = document.querySelector('th[data-key="mingap"]');
     gap.click(); out.mingap_first = attr(rows(), "mingap"); out.aria_first = gap.getAttribute("aria-sort");
     gap.click(); out.mingap_second = attr(rows(), "mingap"); out.aria_second = gap.getAttribute("aria-sort");
@@ -127,8 +127,8 @@ def test_report_renders_with_no_console_messages(browsed) -> None:
 def test_case_table_sorts(browsed, splitk_report_run) -> None:
     probe, cases = browsed["probe"], splitk_report_run.cases
     assert probe["n_rows"] == len(cases)
-    initial = numbers(probe["initial_risk"])
-    assert initial == sorted(initial, reverse=True)  # riskiest first, before any click
+    initial = numbers(probe["initial_pred"])
+    assert initial == sorted(initial, reverse=True)  # likeliest to flip first (no draws: predicted), before any click
     first, second = numbers(probe["mingap_first"]), numbers(probe["mingap_second"])
     assert probe["aria_first"] == "descending" and first == sorted(first, reverse=True)
     assert probe["aria_second"] == "ascending" and second == sorted(second)

@@ -42,12 +42,13 @@ def test_json_report_from_a_copied_run_states_the_tables_facts(copied_run: Path,
     assert sorted(report["verdict_flips"]) == sorted(cases[cases.verdict_flip].case_id)
     top = report["top"]
     assert len(top) <= 3 and all(c["status"] != "stable" for c in top)
-    assert [c["risk"] for c in top] == sorted((c["risk"] for c in top), reverse=True)
+    # no draws in this run: ordered by the predicted flip probability
+    assert [c["p_flip_pred"] for c in top] == sorted((c["p_flip_pred"] for c in top), reverse=True)
     non_stable = cases[cases.status != "stable"]
     if len(top) < 3:  # fewer than asked only when there are no more non-stable cases
         assert len(top) == len(non_stable)
     elif len(non_stable):
-        assert min(c["risk"] for c in top) >= non_stable.risk.nlargest(3).min() - 1e-6
+        assert min(c["p_flip_pred"] for c in top) >= non_stable.p_flip_pred.nlargest(3).min()
 
 
 def test_markdown_report_lists_counts_and_escapes_text(copied_run: Path, capsys) -> None:
@@ -88,7 +89,7 @@ def test_summary_line_counts_each_status_and_names_the_run(splitk_report_run) ->
     assert f"{len(splitk_report_run.meta['compositions'])} compositions" in line
 
 
-def test_render_summary_shows_the_riskiest_cases_and_the_next_command(splitk_report_run) -> None:
+def test_render_summary_shows_the_likeliest_flips_and_the_next_command(splitk_report_run) -> None:
     console = Console(record=True, width=200)
     render_summary(splitk_report_run, console, top=2)
     text = console.export_text()
@@ -96,7 +97,7 @@ def test_render_summary_shows_the_riskiest_cases_and_the_next_command(splitk_rep
     _, command = next_command(gather(splitk_report_run))
     assert command in text
     non_stable = splitk_report_run.cases[splitk_report_run.cases.status != "stable"]
-    for case_id in non_stable.sort_values("risk", ascending=False).case_id[:2]:
+    for case_id in non_stable.sort_values(["p_flip_pred", "case_id"], ascending=[False, True]).case_id[:2]:
         assert str(case_id) in text
     # how the traces were made, from the run's own meta.json
     meta = splitk_report_run.meta

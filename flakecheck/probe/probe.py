@@ -77,7 +77,9 @@ def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = F
         run = write_run(probe.store.directory, probe.suite, traces, REFERENCE,
                         Thresholds(config.gap_threshold, config.gap_window),
                         TokenTexts(lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text),
-                        _meta(probe, tally), timings)
+                        _meta(probe, tally), timings,
+                        # every level above the reference, each repeat, is one draw of the server's load
+                        draws=[level.name for level in probe.levels if level.name != REFERENCE])
     if config.html:
         from flakecheck.reports.html import write_html
 

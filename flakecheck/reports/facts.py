@@ -16,6 +16,7 @@ import pandas as pd
 
 from flakecheck.analysis import run_label
 from flakecheck.flip_kind import FLIP_KINDS
+from flakecheck.reports.flip_view import FlipView
 from flakecheck.rundir import CASES_SCHEMA, STATUSES, RunData
 from flakecheck.score_swing import ScoreSwing, score_swing
 
@@ -46,13 +47,23 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def case_records(cases: pd.DataFrame) -> list[dict[str, Any]]:
-    """cases.parquet as plain dicts, riskiest first (ties by case id, so the order is stable). A column an
-    older run directory lacks (flip_kind) reads as None, so its reports still render."""
+    """cases.parquet as plain dicts, most likely to flip first (flip_order). A column an older run directory
+    lacks (flip_kind, p_flip) reads as None, so its reports still render."""
     records_ = records(cases)
     for record in records_:
         for name in CASES_SCHEMA.names:
             record.setdefault(name, None)
-    return sorted(records_, key=lambda r: (-(r["risk"] or 0.0), str(r["case_id"])))
+    return sorted(records_, key=flip_order)
+
+
+def flip_order(case: dict[str, Any]) -> tuple[float, float, float, str]:
+    """By observed flip probability (a run with draws), then predicted, then the old risk score (a run
+    directory from before predictions), then case id so that the order is stable."""
+    def descending(value: Any) -> float:
+        return -value if value is not None else 1.0  # a missing value after every present one
+
+    return (descending(case.get("p_flip")), descending(case.get("p_flip_pred")), -(case.get("risk") or 0.0),
+            str(case["case_id"]))
 
 
 @dataclass
@@ -141,6 +152,11 @@ class RunFacts:
         return score_swing(self.verdicts, self.run_labels)
 
     @property
+    def flip(self) -> FlipView | None:
+        """Flip probability over the run's draws (None without draws)."""
+        return FlipView.of(self.meta, self.cases)
+
+    @property
     def flip_counts(self) -> dict[str, int]:
         """Diverged cases by the kind of their first flip (tie, near_tie, confident)."""
         counts = {kind: 0 for kind in FLIP_KINDS}
@@ -166,7 +182,7 @@ class RunFacts:
         return [c.name for c in self.compositions]
 
     def top(self, n: int) -> list[dict[str, Any]]:
-        """The n riskiest cases that are not stable (a stable case has nothing to show)."""
+        """The n cases most likely to flip that are not stable (a stable case has nothing to show)."""
         return [c for c in self.cases if c["status"] != "stable"][:max(n, 0)]
 
 

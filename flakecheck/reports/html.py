@@ -5,7 +5,7 @@ All suite and model text goes through jinja2 autoescaping; the one JSON blob ins
 
 Size is bounded for large suites (HtmlLimits): every case gets one summary row in the table, but
 token-level detail is kept only for `detail_cases` non-stable cases (diverged ones first, then
-fragile ones, each by risk), and within each of those for the first `tokens_per_output` tokens
+fragile ones, each by flip probability), and within each of those for the first `tokens_per_output` tokens
 of at most `alternatives_per_case` distinct divergent outputs; prompts and output texts are cut
 at `text_chars` characters. Measured: 2,000 cases (6 compositions, 8 tokens) give 2.3 MB.
 """
@@ -39,6 +39,7 @@ from flakecheck.reports.facts import (
     score_range,
     suite_cases,
 )
+from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
 from flakecheck.reports.plots import plots
 from flakecheck.rundir import STATUSES, RunData, atomic_write_text
 from flakecheck.score_swing import swing_sentence
@@ -99,7 +100,7 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
     facts = gather(run)
     suite = suite_cases(run.meta)
     metadata_keys = _metadata_keys(suite)
-    # diverged cases first (their outputs differ: the most to see), then fragile ones, each by risk
+    # diverged cases first (their outputs differ: the most to see), then fragile ones, each by flip probability
     diverged = [c["case_id"] for c in facts.cases if c["status"] in DIVERGED]
     fragile = [c["case_id"] for c in facts.cases if c["status"] not in DIVERGED and c["status"] != "stable"]
     detail_ids = (diverged + fragile)[:limits.detail_cases]
@@ -122,6 +123,7 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
         empty_warning=empty_answer_warning(facts), score=facts.score, score_sentence=swing_sentence(facts.score),
         score_range=score_range(facts.score), flip_summary=flip_summary(facts), confident_note=CONFIDENT_NOTE,
         explained=explanation(run), mechanism_counts=mechanism_counts, fmt_cost=fmt_cost, stabilised=stabilised,
+        flip=facts.flip, fmt_observed=fmt_observed, fmt_predicted=fmt_predicted,
     )
 
 

@@ -40,6 +40,8 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
         "input_format": facts.meta.get("input_format"),
         "score": {**facts.score.to_dict(), "sentence": swing_sentence(facts.score)},
         "flips": {"counts": facts.flip_counts, "confident": facts.confident_flips},
+        # flip probability over the draws: how they were drawn, agreement, the score under load, calibration
+        "flip_probability": facts.meta.get("flip"),
         "grader": facts.meta.get("grader"),
         "compositions": [
             {"name": c.name, "reference": c.is_reference, "diverged_cases": c.diverged_cases,

@@ -21,6 +21,7 @@ from flakecheck.reports.facts import (
     next_command,
     score_range,
 )
+from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
 from flakecheck.rundir import STATUSES, RunData
 from flakecheck.score_swing import swing_sentence
 
@@ -64,7 +65,7 @@ def markdown_from_facts(facts: RunFacts, top: int = 10, explained: Explanation |
     lines += ["", *score_and_flip_lines(facts)]
     risky = facts.top(top)
     if risky:
-        lines += ["", f"### Top {len(risky)} cases by risk", ""]
+        lines += ["", f"### Top {len(risky)} cases by flip probability", ""]
         lines += risk_table(risky)
     lines += ["", "### Per composition", "", "| composition | diverged cases | verdict changes | score |",
               "|---|---:|---:|---:|"]
@@ -109,20 +110,23 @@ def score_and_flip_lines(facts: RunFacts) -> list[str]:
     if facts.confident_flips:
         ids = ", ".join(md_text(c, 80) for c in facts.confident_flips[:50])
         lines.append(f"- **Confident flips ({len(facts.confident_flips)}):** {ids} — {CONFIDENT_NOTE}.")
+    view = facts.flip
+    if view is not None:
+        lines += [f"- {md_text(line, 1000)}" for line in view.lines()]
     return lines
 
 
 def risk_table(risky: list[dict]) -> list[str]:
-    lines = ["| case | status | risk | first divergence | where | tokens (ref → alt) | gap | flip | min gap "
-             "| pass rate |",
-             "|---|---|---:|---:|---|---|---:|---|---:|---:|"]
+    lines = ["| case | status | p flip [95%] | predicted | first divergence | where | tokens (ref → alt) | gap "
+             "| flip | min gap | pass rate |",
+             "|---|---|---:|---:|---:|---|---|---:|---|---:|---:|"]
     for c in risky:
         pair = "—"
         if c["ref_token"] is not None or c["alt_token"] is not None:
             pair = f"{md_token(c['ref_token'])} → {md_token(c['alt_token'])}"
-        risk = f"{c['risk']:.2f}" if c["risk"] is not None else "—"
         lines.append(
-            f"| {md_text(c['case_id'], 80)} | {c['status']} | {risk} | {fmt_step(c['first_divergence'])} "
+            f"| {md_text(c['case_id'], 80)} | {c['status']} | {fmt_observed(c)} | {fmt_predicted(c)} "
+            f"| {fmt_step(c['first_divergence'])} "
             f"| {md_text(c['divergence_composition'] or '—')} | {pair} | {fmt_gap(c['gap_at_divergence'])} "
             f"| {c.get('flip_kind') or '—'} | {fmt_gap(c['min_gap'])} | {fmt_rate(c['pass_rate'])} |"
         )

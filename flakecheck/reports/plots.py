@@ -1,5 +1,5 @@
-"""The three pictures of the HTML report, as inline SVG: min-gap distribution, first-divergence
-steps, and flips per composition."""
+"""The pictures of the HTML report, as inline SVG: min-gap distribution, first-divergence steps, flips per
+composition, and (a run with draws) the reliability of predicted against observed flip probability."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ MAX_STEP_BARS = 40
 
 
 def plots(run: RunData, facts: RunFacts) -> list[Markup]:
-    return [min_gap_plot(facts), first_divergence_plot(run), flips_plot(facts)]
+    reliability = facts.flip.reliability_plot() if facts.flip is not None else None
+    return [min_gap_plot(facts), first_divergence_plot(run), flips_plot(facts)] + ([reliability] if reliability else [])
 
 
 def min_gap_plot(facts: RunFacts) -> Markup:

@@ -26,6 +26,7 @@ from flakecheck.reports.facts import (
     next_command,
     score_range,
 )
+from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
 from flakecheck.rundir import STATUSES, RunData
 from flakecheck.score_swing import swing_sentence
 
@@ -61,6 +62,7 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
     flips = flip_summary(facts)
     if flips:
         console.print(escape(flips))
+    render_flip(facts, console)
     if facts.confident_flips:
         shown = ", ".join(escape(c) for c in facts.confident_flips[:20])
         more = f" (+{len(facts.confident_flips) - 20} more)" if len(facts.confident_flips) > 20 else ""
@@ -150,21 +152,44 @@ def _counts_table(facts: RunFacts) -> Table:
     return table
 
 
+def render_flip(facts: RunFacts, console: Console) -> None:
+    """Flip probability over the draws: the source, agreement, score under load, calibration and its bins."""
+    view = facts.flip
+    if view is None:
+        return
+    for line in view.lines():
+        console.print(escape(line), soft_wrap=True)
+    bins = [b for b in view.bins() if b["n"]]
+    if bins:
+        table = Table(title="reliability (cases binned by predicted flip probability)", title_justify="left",
+                      show_edge=False)
+        for name in ("predicted", "cases", "mean predicted", "mean observed"):
+            table.add_column(name, justify="left" if name == "predicted" else "right")
+        for b in bins:
+            table.add_row(f"{b['low']:.1f}–{b['high']:.1f}", str(b["n"]), f"{b['mean_predicted']:.3f}",
+                          f"{b['mean_observed']:.3f}")
+        console.print(table)
+
+
 def _top_table(risky: list[dict], facts: RunFacts) -> Table:
-    table = Table(title=f"top {len(risky)} cases by risk", title_justify="left", show_edge=False)
+    table = Table(title=f"top {len(risky)} cases by flip probability", title_justify="left", show_edge=False)
     # short headers: the table must stay readable in an 80-column terminal
-    for name, justify in (("case", "left"), ("status", "left"), ("risk", "right"), ("step", "right"),
+    observed = facts.flip is not None
+    for name, justify in (("case", "left"), ("status", "left"), ("p flip [95%]" if observed else "", "right"),
+                          ("pred", "right"), ("step", "right"),
                           ("where", "left"), ("ref -> alt", "left"), ("gap", "right"), ("flip", "left"),
                           ("min gap", "right"), ("pass", "right")):
         # case ids get pasted into commands: the other columns fold first
-        table.add_column(name, justify=justify, overflow="fold", no_wrap=name == "case")
+        if name:
+            table.add_column(name, justify=justify, overflow="fold", no_wrap=name == "case")
     for c in risky:
         pair = "—"
         if c["ref_token"] is not None or c["alt_token"] is not None:
             pair = f"{_token(c['ref_token'])} -> {_token(c['alt_token'])}"
+        probabilities = ([fmt_observed(c)] if observed else []) + [fmt_predicted(c)]
         table.add_row(
             escape(str(c["case_id"])), f"[{STATUS_STYLE.get(c['status'], '')}]{c['status']}[/]",
-            f"{c['risk']:.2f}" if c["risk"] is not None else "—", fmt_step(c["first_divergence"]),
+            *probabilities, fmt_step(c["first_divergence"]),
             escape(c["divergence_composition"] or "—"), escape(pair), fmt_gap(c["gap_at_divergence"]),
             _flip(c.get("flip_kind")), fmt_gap(c["min_gap"]), fmt_rate(c["pass_rate"]),
         )

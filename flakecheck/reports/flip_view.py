@@ -1,0 +1,100 @@
+"""What every report says about flip probability, from meta.json's `flip` block and the cases' columns: how
+the compositions were drawn, the agreement rates, the score under that load, the calibration of predicted
+against observed, and one case's observed (interval) and predicted probabilities as short text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from markupsafe import Markup
+
+from flakecheck.reports.svg import reliability_chart
+
+
+@dataclass(frozen=True)
+class FlipView:
+    n_draws: int
+    sampling: dict[str, Any] | None
+    agreement: dict[str, Any]
+    score: dict[str, Any]
+    calibration: dict[str, Any] | None
+    risk: dict[str, Any] | None
+    noise: dict[str, Any]
+    n_flipping: int
+
+    @classmethod
+    def of(cls, meta: dict[str, Any], cases: list[dict[str, Any]]) -> FlipView | None:
+        """None for a run without draws (or an older run directory)."""
+        block = meta.get("flip")
+        if not isinstance(block, dict) or not block.get("n_draws"):
+            return None
+        return cls(int(block["n_draws"]), block.get("sampling"), block.get("agreement") or {},
+                   block.get("score") or {}, block.get("calibration"), block.get("calibration_risk"),
+                   block.get("noise") or {}, sum(1 for c in cases if (c.get("p_flip") or 0) > 0))
+
+    @property
+    def source(self) -> str:
+        """'32 compositions sampled from poisson:16 (seed 0)' or, for a probe, its draws."""
+        if self.sampling:
+            load = (self.sampling.get("load") or {}).get("spec", "?")
+            return f"{self.n_draws} compositions sampled from {load} (seed {self.sampling.get('seed')})"
+        return f"{self.n_draws} draws (load levels × repeats)"
+
+    def lines(self) -> list[str]:
+        """Plain text, one fact a line (terminal, markdown)."""
+        n = self.n_draws
+        out = [f"flip probability over {self.source}: {_cases(self.n_flipping)} flip in at least one draw; "
+               f"TARr@{n} {_pct(self.agreement.get('tar_r'))}, TARa@{n} {_pct(self.agreement.get('tar_a'))} "
+               f"(cases whose raw outputs / verdicts agree across every draw)"]
+        s = self.score
+        if s.get("mean") is not None:
+            std = "—" if s.get("std_pp") is None else f"{s['std_pp']:.1f} pp"
+            out.append(f"score under this load: mean {_pct(s['mean'])}, std {std}, 5th–95th percentile "
+                       f"{_pct(s.get('p5'))}–{_pct(s.get('p95'))}, retry-free {_pct(s.get('retry_free'))} "
+                       f"(passes under every draw); single-run score {_pct(s.get('single_run'))} (the reference)")
+        c = self.calibration
+        if c:
+            line = (f"calibration of predicted vs observed ({c['n_cases']} cases): AUROC {_num(c.get('auroc'))} · "
+                    f"Spearman {_num(c.get('spearman'))} · Brier {_num(c.get('brier'))} (a perfect prediction: "
+                    f"{_num(c.get('brier_floor'))}) · mean predicted "
+                    f"{_num(c.get('mean_predicted'))} vs observed {_num(c.get('mean_observed'))}; "
+                    f"{_cases(c.get('top_shared'))} share the top prediction, {_cases(c.get('observed_at_90'))} "
+                    f"flip in ≥ 90% of draws")
+            if self.risk:
+                line += (f" (the old risk score: AUROC {_num(self.risk.get('auroc'))}, Spearman "
+                         f"{_num(self.risk.get('spearman'))}, {self.risk.get('top_shared')} share its top)")
+            out.append(line)
+        return out
+
+    def bins(self) -> list[dict[str, Any]]:
+        return list((self.calibration or {}).get("bins") or [])
+
+    def reliability_plot(self) -> Markup | None:
+        bins = self.bins()
+        return reliability_chart("reliability: predicted vs observed flip probability", bins) if bins else None
+
+
+def fmt_observed(case: dict[str, Any]) -> str:
+    """'0.31 [0.18–0.49]' (the share of draws that flipped and its 95% interval), or '—'."""
+    p = case.get("p_flip")
+    if p is None:
+        return "—"
+    return f"{p:.2f} [{case.get('p_flip_low') or 0:.2f}–{case.get('p_flip_high') or 0:.2f}]"
+
+
+def fmt_predicted(case: dict[str, Any]) -> str:
+    q = case.get("p_flip_pred")
+    return "—" if q is None else f"{q:.2f}"
+
+
+def _cases(n: Any) -> str:
+    return f"{n} case" if n == 1 else f"{n} cases"
+
+
+def _pct(value: Any) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: Any) -> str:
+    return "—" if value is None else f"{value:.3f}"
