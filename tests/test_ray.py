@@ -14,6 +14,7 @@ import pytest
 import flakecheck
 from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition
 from flakecheck.errors import UserError
+from flakecheck.flip.load import parse_load, sample_compositions
 from flakecheck.replay import cluster as cluster_module
 from flakecheck.replay.cluster import check_same_machines
 from flakecheck.replay.shards import balance, plan_shards, plan_units
@@ -21,8 +22,9 @@ from tests.test_run import write_suite
 
 ray = pytest.importorskip("ray", reason="Ray is installed by `make test` (pip install 'flakecheck[ray]')")
 
-# the six defaults and a sampled-looking batch of another size and order, to cover more than the named ones
-COMPOSITIONS = (*DEFAULT_COMPOSITIONS, Composition("b5-s3", max_batch=5, order_seed=3))
+# the six defaults, two compositions sampled from a load model (--sample) and a batch of another size and order
+COMPOSITIONS = (*DEFAULT_COMPOSITIONS, *sample_compositions(parse_load("poisson:4"), 2, seed=0),
+                Composition("b5-s3", max_batch=5, order_seed=3))
 
 
 @pytest.fixture(scope="module")
