@@ -59,8 +59,8 @@ class FlipView:
                     f"Spearman {_num(c.get('spearman'))} · Brier {_num(c.get('brier'))} (a perfect prediction: "
                     f"{_num(c.get('brier_floor'))}) · mean predicted "
                     f"{_num(c.get('mean_predicted'))} vs observed {_num(c.get('mean_observed'))}; "
-                    f"{_cases(c.get('top_shared'))} share the top prediction, {_cases(c.get('observed_at_90'))} "
-                    f"flip in ≥ 90% of draws")
+                    f"{_cases(c.get('top_shared'))} {_verb(c.get('top_shared'), 'share')} the top prediction, "
+                    f"{_cases(c.get('observed_at_90'))} {_verb(c.get('observed_at_90'), 'flip')} in ≥ 90% of draws")
             if self.risk:
                 line += (f" (the old risk score: AUROC {_num(self.risk.get('auroc'))}, Spearman "
                          f"{_num(self.risk.get('spearman'))}, {self.risk.get('top_shared')} share its top)")
@@ -90,6 +90,10 @@ def fmt_predicted(case: dict[str, Any]) -> str:
 
 def _cases(n: Any) -> str:
     return f"{n} case" if n == 1 else f"{n} cases"
+
+
+def _verb(n: Any, verb: str) -> str:
+    return f"{verb}s" if n == 1 else verb
 
 
 def _pct(value: Any) -> str:
