@@ -139,6 +139,7 @@ class Replays:
         a serial one a unit per case (alone in every step); packed by predicted rows."""
         from dataclasses import asdict
 
+        from flakecheck.replay.run import SHARDS_PER_WORKER
         from flakecheck.replay.shards import Unit, balance, case_rows, plan_shards
 
         requests = {r.case_id: r for r in self.source.requests}
@@ -155,7 +156,7 @@ class Replays:
                 units += [Unit((replace(job, cases=frozenset({c})),), rows(c)) for c in cases]
             else:
                 units.append(Unit((job,), sum(rows(c) for c in requests)))
-        shards = plan_shards(units, 4 * max(1, len(cluster.actors)))
+        shards = plan_shards(units, SHARDS_PER_WORKER * max(1, len(cluster.actors)))
         got: dict[tuple[str, str], Trace | None] = {}
 
         def on_shard(_: Shard, traces: list[Trace]) -> None:
