@@ -22,16 +22,8 @@ __all__ = ["__version__", "explain_run", "load_run", "run_suite"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "run_suite":
-        from flakecheck.api import run_suite
+    if name in ("run_suite", "load_run", "explain_run"):
+        from flakecheck import api
 
-        return run_suite
-    if name == "load_run":
-        from flakecheck.rundir import load_run
-
-        return load_run
-    if name == "explain_run":
-        from flakecheck.explain import explain_run
-
-        return explain_run
+        return getattr(api, name)
     raise AttributeError(f"module 'flakecheck' has no attribute {name!r}")

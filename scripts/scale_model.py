@@ -19,8 +19,8 @@ import argparse
 import json
 import math
 
-from flakecheck.compositions import DEFAULT_COMPOSITIONS
-from flakecheck.flip.load import parse_load, sample_compositions
+from flakecheck.analysis.flip.load import parse_load, sample_compositions
+from flakecheck.data.compositions import DEFAULT_COMPOSITIONS
 from flakecheck.replay.requests import CaseRequest
 from flakecheck.replay.shards import balance, plan_shards, plan_units
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 import flakecheck
-from flakecheck.compositions import Composition
+from flakecheck.data.compositions import Composition
+from flakecheck.data.rundir import RunData
 from flakecheck.engine import LoadedModel, load_model
-from flakecheck.rundir import RunData
 
 SCRIPT_CASE = "xss"
 SCRIPT_PROMPT = "Repeat this tag exactly: <script>alert(1)</script> and explain it."

@@ -1,5 +1,5 @@
 """Run directories built directly from constructed traces (no model): grading, analysis, the three parquet
-tables and meta.json through flakecheck.finish.write_run, the writer `flakecheck run` ends with. Fast enough
+tables and meta.json through flakecheck.run.pipeline.write_run, the writer `flakecheck run` ends with. Fast enough
 for hypothesis.
 
 `run_specs()` draws suites with outputs of 0, 1 and many tokens, empty texts, all-stable, all-flaky and mixed
@@ -14,12 +14,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from flakecheck import finish
-from flakecheck.analysis import Thresholds
-from flakecheck.checks import parse_check
-from flakecheck.rundir import RunData, RunDirectory
-from flakecheck.suite import Case, Suite
-from flakecheck.traces import Trace
+from flakecheck.analysis.divergence import Thresholds
+from flakecheck.data.rundir import RunData, RunDirectory
+from flakecheck.data.suite import Case, Suite
+from flakecheck.data.traces import Trace
+from flakecheck.grading.checks import parse_check
+from flakecheck.run import pipeline as finish
 
 SCRIPT = "<script>alert(1)</script>"
 # Token texts: the empty string (an end-of-turn token decodes to nothing), whitespace, non-ASCII, markup that

@@ -8,11 +8,11 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flakecheck.analysis import Thresholds, analyse, first_divergence, risk_score
-from flakecheck.checks import parse_check
-from flakecheck.grading import grade_traces
-from flakecheck.suite import Case
-from flakecheck.traces import Trace
+from flakecheck.analysis.divergence import Thresholds, analyse, first_divergence, risk_score
+from flakecheck.analysis.verdicts import grade_traces
+from flakecheck.data.suite import Case
+from flakecheck.data.traces import Trace
+from flakecheck.grading.checks import parse_check
 
 tokens = st.lists(st.integers(0, 5), max_size=12)
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flakecheck.checks import CHECK_TYPES, Check, check_label, extract_choice, grade, parse_check, parse_number
 from flakecheck.errors import InputError
+from flakecheck.grading.checks import CHECK_TYPES, Check, check_label, extract_choice, grade, parse_check, parse_number
 
 
 def check(obj: object) -> Check:

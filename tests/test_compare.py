@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flakecheck.compare import auroc, compare_runs
-from flakecheck.rundir import RunDirectory, load_run
+from flakecheck.data.rundir import RunDirectory, load_run
+from flakecheck.reports.compare import auroc, compare_runs
 from tests.test_run import run_cli
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flakecheck.compositions import (
+from flakecheck.data.compositions import (
     DEFAULT_COMPOSITIONS,
     REFERENCE,
     Composition,

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flakecheck import api, cli
-from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition, Fillers
-from flakecheck.config import RunConfig
+from flakecheck import cli
+from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, Fillers
 from flakecheck.errors import UserError
+from flakecheck.run import engine_source
+from flakecheck.run.settings import RunConfig
 
 compositions = st.lists(
     st.builds(
@@ -51,7 +52,7 @@ configs = st.builds(
 def parsed_by_the_cli(argv: list[str], monkeypatch) -> RunConfig:
     """The RunConfig `flakecheck run` builds from argv (the run itself is not started)."""
     seen: list[RunConfig] = []
-    monkeypatch.setattr(api, "execute", lambda config, **kwargs: seen.append(config) or sys.exit(0))
+    monkeypatch.setattr(engine_source, "execute", lambda config, **kwargs: seen.append(config) or sys.exit(0))
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit):
         cli.main()

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from flakecheck.grader import GradeRequest, grader_spec, run_grader
-from flakecheck.suite import load_suite
+from flakecheck.data.suite import load_suite
+from flakecheck.grading.external import GradeRequest, grader_spec, run_grader
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "humaneval"
 

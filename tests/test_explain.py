@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 import flakecheck
-from flakecheck.analysis import first_divergence
-from flakecheck.compositions import Composition, Fillers
+from flakecheck.analysis.divergence import first_divergence
+from flakecheck.data.compositions import Composition, Fillers
+from flakecheck.data.rundir import RunData
 from flakecheck.engine import LoadedModel, build_model, load_model
 from flakecheck.errors import UserError
 from flakecheck.explain.mechanisms import pairs
@@ -27,7 +28,6 @@ from flakecheck.explain.source import open_run, with_requests
 from flakecheck.explain.summary import LABELS
 from flakecheck.kernels import get_ops
 from flakecheck.replay.simulated import Job, Simulation
-from flakecheck.rundir import RunData
 from tests.test_run import cli_run
 from tests.test_simulation import write_suite
 

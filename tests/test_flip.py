@@ -13,19 +13,19 @@ from rich.console import Console
 
 import flakecheck
 from flakecheck import cli
-from flakecheck.compositions import Composition
+from flakecheck.analysis.flip.calibration import auroc, brier, calibrate, spearman
+from flakecheck.analysis.flip.load import parse_load, sample_compositions
+from flakecheck.analysis.flip.observed import agreement_rates, observe, wilson
+from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
+from flakecheck.analysis.flip.score import score_distribution
+from flakecheck.data.compositions import Composition
+from flakecheck.data.traces import Trace
 from flakecheck.engine import LoadedModel, load_model
 from flakecheck.errors import UserError
-from flakecheck.flip.calibration import auroc, brier, calibrate, spearman
-from flakecheck.flip.load import parse_load, sample_compositions
-from flakecheck.flip.observed import agreement_rates, observe, wilson
-from flakecheck.flip.predict import NoiseModel, measure_noise, predict
-from flakecheck.flip.score import score_distribution
 from flakecheck.reports.facts import gather
 from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
 from flakecheck.reports.json_report import render_json
 from flakecheck.reports.terminal import render_summary
-from flakecheck.traces import Trace
 from tests.test_run import write_suite
 
 # ------------------------------------------------------------------------------------------- sampling
@@ -335,7 +335,7 @@ def test_gate_flip_flags_refuse_bad_values_and_runs_without_draws(drawn_run, tmp
 
 
 def test_compare_calibrates_a_predicted_against_b_observed_split_by_reference(drawn_run, tmp_path) -> None:
-    from flakecheck.compare import compare_runs
+    from flakecheck.reports.compare import compare_runs
     from tests.run_builder import CaseSpec, RunSpec
     from tests.run_builder import write_run as build_run
 
@@ -365,7 +365,7 @@ def test_smollm2_invariant_draws_observe_no_flip_and_predict_none(tmp_path: Path
     """The fix, stated as flip probability on the real model: fixed-order kernels under sampled load."""
     from dataclasses import replace
 
-    from flakecheck.suite import load_suite
+    from flakecheck.data.suite import load_suite
 
     demo = Path(__file__).resolve().parents[1] / "suites" / "demo.jsonl"
     suite = load_suite(demo).select(["qa-11", "qa-09", "math-02"])  # two that flip often under split-K

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flakecheck.flip_kind import FLIP_KINDS, classify_flip, dtype_name, ulp
+from flakecheck.analysis.flip_kind import FLIP_KINDS, classify_flip, dtype_name, ulp
 
 TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from flakecheck import cli
+from flakecheck.data.rundir import RunData
 from flakecheck.errors import UserError
-from flakecheck.gate import gate_command
-from flakecheck.rundir import RunData
+from flakecheck.gate.gate import gate_command
 from tests.fixtures_runs import *  # noqa: F403
 
 DIVERGED = ["flaky", "verdict_flaky"]

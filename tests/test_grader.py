@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from flakecheck.analysis.verdicts import grade_traces
+from flakecheck.data.rundir import load_run
+from flakecheck.data.suite import Case
+from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
-from flakecheck.grader import GradeRequest, GraderError, GraderSpec, grader_spec, run_grader
-from flakecheck.grading import grade_traces
+from flakecheck.grading.external import GradeRequest, GraderError, GraderSpec, grader_spec, run_grader
 from flakecheck.replay import run as replay_run
 from flakecheck.replay import simulated
-from flakecheck.rundir import load_run
-from flakecheck.suite import Case
-from flakecheck.traces import Trace
 from tests.test_run import cli_run
 
 REQUESTS = [GradeRequest("c1", "solo", "Paris", "Paris", {}), GradeRequest("c1", "batch8", "Lyon", "Paris", {}),

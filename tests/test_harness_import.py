@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from flakecheck.checks import grade, parse_check
+from flakecheck.data.rundir import load_run
+from flakecheck.data.suite import load_suite
+from flakecheck.grading.checks import grade, parse_check
 from flakecheck.harness.lmeval_samples import read_lmeval_samples
 from flakecheck.harness.model import HarnessLog, ScorerSpec
 from flakecheck.harness.scorers import map_scorer
-from flakecheck.rundir import load_run
-from flakecheck.suite import load_suite
 from tests.harness_helpers import diverged, fixture, parting, reported, run_cli
 
 INSPECT_LOGS = [fixture("quick-c1.eval"), fixture("quick-c16.eval")]

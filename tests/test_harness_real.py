@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flakecheck.api import run_suite
-from flakecheck.compositions import resolve_compositions
-from flakecheck.rundir import load_run
+from flakecheck.data.compositions import resolve_compositions
+from flakecheck.data.rundir import load_run
+from flakecheck.run.engine_source import run_suite
 from tests.fixtures_serve import *  # noqa: F403
 from tests.fixtures_serve import SERVED_NAME, start_server
 from tests.harness_helpers import diverged, fixture, parting, reported, run_cli

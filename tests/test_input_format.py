@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 import flakecheck
-from flakecheck.compositions import Composition
+from flakecheck.data.compositions import Composition
+from flakecheck.data.input_format import case_prompt, has_chat_template, resolve_inputs
+from flakecheck.data.suite import load_suite
 from flakecheck.engine import encode_prompt, load_model
 from flakecheck.errors import InputError, UserError
-from flakecheck.input_format import case_prompt, has_chat_template, resolve_inputs
-from flakecheck.suite import load_suite
 from tests.test_run import cli_run
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import flakecheck
-from flakecheck.compositions import Composition
+from flakecheck.data.compositions import Composition
 
 pytestmark = pytest.mark.slow
 

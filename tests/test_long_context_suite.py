@@ -11,8 +11,8 @@ from types import ModuleType
 
 import pytest
 
-from flakecheck.checks import grade
-from flakecheck.suite import Case, load_suite
+from flakecheck.data.suite import Case, load_suite
+from flakecheck.grading.checks import grade
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "suites" / "long-context.jsonl"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flakecheck.analysis import first_divergence
+from flakecheck.analysis.divergence import first_divergence
+from flakecheck.data.rundir import load_run
 from flakecheck.errors import UserError
 from flakecheck.probe import ProbeConfig, ProbeFailed, probe_suite
-from flakecheck.rundir import load_run
 from tests.probe_fakes import Behaviour, FaultProxy, Record, ThreadedServer, free_port, make_app
 from tests.test_run import run_cli
 
@@ -288,7 +288,7 @@ def test_report_and_gate_read_a_probe_run(fake, tmp_path: Path, capfd) -> None:
 
 def test_ctrl_c_keeps_the_finished_levels_and_resume_finishes(fake, tmp_path: Path, monkeypatch) -> None:
     from flakecheck.probe import ProbeInterrupted
-    from flakecheck.progress import ReplayProgress
+    from flakecheck.run.progress import ReplayProgress
 
     url, _, record = fake
     out = tmp_path / "run"

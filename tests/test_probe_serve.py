@@ -87,7 +87,7 @@ def test_invariant_server_is_bitwise_identical_at_every_load_even_through_faults
 
 def test_a_serial_probe_of_serve_reproduces_the_simulated_solo_run_bitwise(serve_model, tmp_path: Path) -> None:
     import flakecheck
-    from flakecheck.compositions import Composition
+    from flakecheck.data.compositions import Composition
 
     suite = write_suite(tmp_path / "s.jsonl")
     with serving(serve_model, "splitk") as url:

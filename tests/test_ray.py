@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 import flakecheck
-from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition
+from flakecheck.analysis.flip.load import parse_load, sample_compositions
+from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition
 from flakecheck.errors import UserError
-from flakecheck.flip.load import parse_load, sample_compositions
 from flakecheck.replay import cluster as cluster_module
 from flakecheck.replay.cluster import check_same_machines
 from flakecheck.replay.shards import balance, plan_shards, plan_units
@@ -116,7 +116,7 @@ def test_ctrl_c_keeps_finished_shards_and_resume_works_without_ray(tiny_wide_mod
 
     monkeypatch.setattr(cluster_module.Cluster, "run", interrupted)
     out = tmp_path / "ray"
-    with pytest.raises(flakecheck.api.RunInterrupted) as stop:
+    with pytest.raises(flakecheck.run.engine_source.RunInterrupted) as stop:
         _run(tiny_wide_model_dir, suite, out, "splitk", ray="local", workers=2)
     assert "finished shards" in str(stop.value) and "--resume" in str(stop.value)
     assert len(list((out / "partial" / "shards").glob("*.parquet"))) == 2

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flakecheck.compositions import Composition, parse_composition_spec
-from flakecheck.config import RunConfig
+from flakecheck.cli.report import report_command
+from flakecheck.data.compositions import Composition, parse_composition_spec
+from flakecheck.data.rundir import STATUSES, load_run
 from flakecheck.errors import UserError
-from flakecheck.reports.command import report_command
 from flakecheck.reports.facts import gather, invariant_rerun, next_command
 from flakecheck.reports.markdown import md_text
 from flakecheck.reports.terminal import render_summary, summary_line
-from flakecheck.rundir import STATUSES, load_run
+from flakecheck.run.settings import RunConfig
 from tests.fixtures_runs import *  # noqa: F403
 
 

@@ -16,17 +16,17 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from rich.console import Console
 
-from flakecheck.flip_kind import FLIP_KINDS
-from flakecheck.gate import evaluate
-from flakecheck.junit import junit_tree, xml_text
+from flakecheck.analysis.flip_kind import FLIP_KINDS
+from flakecheck.data.rundir import STATUSES, RunData
+from flakecheck.gate.gate import evaluate
+from flakecheck.gate.junit import junit_tree, xml_text
+from flakecheck.gate.markdown import gate_markdown
 from flakecheck.reports.facts import clean
 from flakecheck.reports.finished import write_report_html
-from flakecheck.reports.gate_summary import gate_markdown
 from flakecheck.reports.html import render_html
 from flakecheck.reports.json_report import render_json
 from flakecheck.reports.markdown import render_markdown
 from flakecheck.reports.terminal import render_summary, summary_line
-from flakecheck.rundir import STATUSES, RunData
 from tests.run_builder import SCRIPT, CaseSpec, RunSpec, run_specs, write_run
 
 PROPERTY_SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

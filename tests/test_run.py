@@ -13,11 +13,11 @@ import torch
 
 import flakecheck
 from flakecheck import api, cli
+from flakecheck.data.rundir import RunDirectory, load_run
 from flakecheck.engine import LoadedModel, load_model
 from flakecheck.engine.spec import EngineSpec
 from flakecheck.errors import UserError
 from flakecheck.kernels.policy import parse_policy
-from flakecheck.rundir import RunDirectory, load_run
 
 QUESTIONS = [
     "What is the capital of France?", "What is 17 + 25?", "Name three primary colours.",

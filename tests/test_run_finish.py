@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 import flakecheck
-from flakecheck.compositions import Composition
+from flakecheck.data.compositions import Composition
+from flakecheck.data.rundir import load_run
 from flakecheck.reports import html as html_module
 from flakecheck.reports import terminal
 from flakecheck.reports.finished import ReportError
-from flakecheck.rundir import load_run
 from tests.test_run import cli_run
 
 

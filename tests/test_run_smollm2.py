@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 import flakecheck
+from flakecheck.data.rundir import RunData
+from flakecheck.data.suite import Suite, load_suite
 from flakecheck.engine import LoadedModel, load_model
-from flakecheck.rundir import RunData
-from flakecheck.suite import Suite, load_suite
 
 DEMO = Path(__file__).resolve().parents[1] / "suites" / "demo.jsonl"
 # Cases of several kinds, some of which diverged under split-K in a full demo run.

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flakecheck.score_swing import score_swing, swing_sentence
+from flakecheck.analysis.score_swing import score_swing, swing_sentence
 
 T, F = True, False
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import flakecheck
-from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition, Fillers
+from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, Fillers
 from flakecheck.engine import LoadedModel, load_model
 from flakecheck.errors import UserError
 from tests.test_run import QUESTIONS

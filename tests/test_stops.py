@@ -4,9 +4,9 @@ stop string starts, so the replay and `flakecheck serve` cut alike)."""
 
 from __future__ import annotations
 
-from flakecheck.stops import apply_stops
-from flakecheck.suite import Case
-from flakecheck.traces import Trace
+from flakecheck.data.stops import apply_stops
+from flakecheck.data.suite import Case
+from flakecheck.data.traces import Trace
 
 PIECES = ["The", " answer", ".", "\n", "\nQ", ":", " next"]  # token id = index
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flakecheck.checks import grade
+from flakecheck.data.suite import Suite, check_prompt_lengths, load_suite
 from flakecheck.errors import InputError, UserError
-from flakecheck.suite import Suite, check_prompt_lengths, load_suite
+from flakecheck.grading.checks import grade
 
 DEMO = Path(__file__).resolve().parent.parent / "suites" / "demo.jsonl"
 

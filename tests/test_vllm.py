@@ -28,8 +28,8 @@ from types import ModuleType
 import pytest
 
 import flakecheck
+from flakecheck.data.rundir import RunData
 from flakecheck.engine.loader import resolve_model_dir
-from flakecheck.rundir import RunData
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

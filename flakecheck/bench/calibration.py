@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import flakecheck
-from flakecheck.compositions import DEFAULT_COMPOSITIONS, REFERENCE, Composition
+from flakecheck.analysis.flip.load import DEFAULT_LOAD
+from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, REFERENCE, Composition
+from flakecheck.data.suite import load_suite
 from flakecheck.engine import load_model
 from flakecheck.engine.spec import resolve_engine
-from flakecheck.flip.load import DEFAULT_LOAD
 from flakecheck.machine.probes import ProbeDims
-from flakecheck.suite import load_suite
 
 DEMO = Path(__file__).resolve().parents[2] / "suites" / "demo.jsonl"
 

@@ -24,10 +24,10 @@ from typing import Any
 import pandas as pd
 
 import flakecheck
-from flakecheck.compositions import DEFAULT_COMPOSITIONS
+from flakecheck.data.compositions import DEFAULT_COMPOSITIONS
+from flakecheck.data.rundir import RunData
+from flakecheck.data.suite import load_suite
 from flakecheck.engine import load_model
-from flakecheck.rundir import RunData
-from flakecheck.suite import load_suite
 
 DEMO = Path(__file__).resolve().parents[2] / "suites" / "demo.jsonl"
 

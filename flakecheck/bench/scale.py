@@ -20,9 +20,9 @@ from typing import Any
 
 import flakecheck
 from flakecheck.bench.run import DEMO, _same
-from flakecheck.compositions import DEFAULT_COMPOSITIONS
+from flakecheck.data.compositions import DEFAULT_COMPOSITIONS
+from flakecheck.data.suite import load_suite
 from flakecheck.engine import load_model
-from flakecheck.suite import load_suite
 
 
 def main(json_out: bool = False, quick: bool = False, cases: int | None = None, suite: str | None = None,

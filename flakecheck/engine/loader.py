@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from flakecheck.engine.config import ModelConfig
+from flakecheck.engine.model_config import ModelConfig
 from flakecheck.errors import ModelError
 
 DEFAULT_MODEL = "smollm2"

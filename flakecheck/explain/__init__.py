@@ -12,7 +12,7 @@ __all__ = ["explain_run"]
 
 def __getattr__(name: str) -> Any:
     if name == "explain_run":
-        from flakecheck.explain.api import explain_run
+        from flakecheck.explain.explainer import explain_run
 
         return explain_run
     raise AttributeError(f"module 'flakecheck.explain' has no attribute {name!r}")

@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 from statistics import geometric_mean
 
-from flakecheck.compositions import arrival_order
+from flakecheck.data.compositions import arrival_order
 from flakecheck.engine import LLMEngine, LoadedModel, Request, SamplingParams
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.explain.fixes import FIXES, Cost

@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flakecheck.analysis import run_label
+from flakecheck.analysis.divergence import run_label
+from flakecheck.analysis.verdicts import grade_traces
+from flakecheck.data.traces import Trace
 from flakecheck.explain.source import Divergence, RunSource
 from flakecheck.explain.targeted import Replays, Variant, computation_key
-from flakecheck.grader import GraderSpec
-from flakecheck.grading import grade_traces
+from flakecheck.grading.external import GraderSpec
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.traces import Trace
 
 ALL_FIXED = {"matmul": "invariant", "attention": "invariant", "norm": "invariant"}
 

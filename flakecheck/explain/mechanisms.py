@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from flakecheck.analysis import first_divergence
-from flakecheck.compositions import Composition, Fillers
+from flakecheck.analysis.divergence import first_divergence
+from flakecheck.data.compositions import Composition, Fillers
 from flakecheck.explain.source import Divergence
 from flakecheck.explain.summary import REDUCTIONS
 from flakecheck.explain.targeted import Variant

@@ -25,12 +25,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis import run_label
-from flakecheck.compositions import Composition
+from flakecheck.analysis.divergence import run_label
+from flakecheck.data.compositions import Composition
+from flakecheck.data.rundir import write_json
+from flakecheck.data.suite import Case
 from flakecheck.errors import UserError
 from flakecheck.explain.source import Divergence, RunSource, open_run
-from flakecheck.rundir import write_json
-from flakecheck.suite import Case
 
 SUITE, COMPOSITIONS, SCRIPT, EXPECTED, README = (
     "suite.jsonl", "compositions.jsonl", "repro.py", "expected.json", "README.txt")
@@ -59,7 +59,7 @@ def main() -> int:
         print("the replay failed (see above)", file=sys.stderr)
         return 2
     from flakecheck import load_run
-    from flakecheck.analysis import first_divergence
+    from flakecheck.analysis.divergence import first_divergence
 
     runs = load_run(out).runs
     case = runs[runs["case_id"] == EXPECTED["case_id"]]

@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis import run_label
-from flakecheck.compositions import Composition
-from flakecheck.config import RunConfig
+from flakecheck.analysis.divergence import run_label
+from flakecheck.data.compositions import Composition
+from flakecheck.data.rundir import RunData, load_run
+from flakecheck.data.suite import Suite, load_suite
 from flakecheck.engine import LoadedModel
 from flakecheck.errors import UserError
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay import CaseRequest
-from flakecheck.rundir import RunData, load_run
-from flakecheck.suite import Suite, load_suite
+from flakecheck.run.settings import RunConfig
 
 DIVERGED = ("flaky", "verdict_flaky")
 
@@ -127,7 +127,7 @@ def open_run(run_dir: str | Path, suite: str | Path | None = None) -> RunSource:
 
 def with_requests(source: RunSource, model: LoadedModel) -> RunSource:
     """The source with every case's prompt token ids, as the run encoded them for `model`."""
-    from flakecheck.api import case_requests
+    from flakecheck.run.engine_source import case_requests
 
     source.requests = case_requests(source.config, source.suite, model)
     return source

@@ -19,19 +19,19 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from flakecheck.analysis import run_label
-from flakecheck.compositions import Composition
+from flakecheck.analysis.divergence import run_label
+from flakecheck.data.compositions import Composition
+from flakecheck.data.traces import Trace
 from flakecheck.engine import LoadedModel
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.explain.source import RunSource
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay.simulated import Job, Simulation
-from flakecheck.traces import Trace
 
 if TYPE_CHECKING:
-    from flakecheck.progress import ReplayProgress
     from flakecheck.replay.cluster import Cluster
     from flakecheck.replay.shards import Shard
+    from flakecheck.run.progress import ReplayProgress
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Replays:
     def run(self, model: LoadedModel, network: LlamaForCausalLM, progress: bool = False,
             cluster: Cluster | None = None) -> ReplayStats:
         """Every needed variant that the run did not record, in one lockstep (or in shards on `cluster`)."""
-        from flakecheck.progress import ReplayProgress
+        from flakecheck.run.progress import ReplayProgress
 
         if not self.wanted:
             return self.stats

@@ -13,14 +13,14 @@
 Anything else is not mapped and the import says why (model-graded scorers need a model; a custom scorer's
 code is not in the log, and flakecheck never runs suite code): its verdicts are still recorded from the log,
 and a replay is graded through `--grader` (see docs/import.md). Mapped checks only read text; their regexes
-run under flakecheck.checks' time bound."""
+run under flakecheck.grading.checks' time bound."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from flakecheck.checks_harness import LM_EVAL_FILTERS
+from flakecheck.grading.harness_rules import LM_EVAL_FILTERS
 from flakecheck.harness.model import HarnessLog, SampleRun, ScorerSpec
 
 # inspect_ai 0.3.285's ANSWER patterns (inspect_ai/_util/pattern.py)

@@ -1,6 +1,6 @@
 """Two or more runs of one task as a run directory: the logs are the compositions (the first, or
 --reference, is the reference), a sample's epochs its repeats, the harness's own verdicts the verdicts; the
-shared analysis (flakecheck.finish.write_run) finds first divergences, statuses, score swing and flip kinds.
+shared analysis (flakecheck.run.pipeline.write_run) finds first divergences, statuses, score swing and flip kinds.
 
 A sample becomes a case only when every log has it, unerrored, with the request the reference sent (the same
 messages or prompt, max_tokens and stop); every other sample is listed with the reason, in the warnings and
@@ -18,17 +18,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis import Thresholds
+from flakecheck.analysis.divergence import Thresholds
+from flakecheck.data.rundir import RunData, RunDirectory, load_run
+from flakecheck.data.suite import Suite, load_suite
+from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
-from flakecheck.finish import TokenTexts, write_run
 from flakecheck.harness.model import HarnessLog, SampleRun
 from flakecheck.harness.scorers import ScorerMapping
 from flakecheck.harness.to_suite import case_line, replayable, write_suite
 from flakecheck.harness.traces import sample_trace
 from flakecheck.probe.vocab import Vocab
-from flakecheck.rundir import RunData, RunDirectory, load_run
-from flakecheck.suite import Suite, load_suite
-from flakecheck.traces import Trace
+from flakecheck.run.pipeline import TokenTexts, write_run
 
 
 @dataclass

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flakecheck.data.rundir import atomic_write_text
 from flakecheck.harness.model import HarnessLog, SampleRun
 from flakecheck.harness.scorers import ScorerMapping
-from flakecheck.rundir import atomic_write_text
 
 
 def replayable(log: HarnessLog) -> tuple[dict[str, list[SampleRun]], list[dict[str, str]]]:

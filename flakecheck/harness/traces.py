@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 
+from flakecheck.data.traces import Trace
 from flakecheck.harness.model import SampleRun
 from flakecheck.harness.text_units import text_units
 from flakecheck.probe.parse import Answer, TokenRef
 from flakecheck.probe.runner import trace_from_answer
 from flakecheck.probe.vocab import MISSING, Vocab
-from flakecheck.traces import Trace
 
 UNKNOWN = math.nan
 

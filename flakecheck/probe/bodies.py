@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flakecheck.input_format import AppliedFormat, resolve_inputs
-from flakecheck.suite import Messages, Suite
+from flakecheck.data.input_format import AppliedFormat, resolve_inputs
+from flakecheck.data.suite import Messages, Suite
 
 APIS = ("chat", "completions")
 ISOLATIONS = ("salt", "none")
@@ -64,7 +64,7 @@ def completion_body(options: BodyOptions, api: str, prompt: str | Messages, max_
     return body
 
 
-# --api as the input convention of flakecheck.input_format: chat sends every case as chat messages,
+# --api as the input convention of flakecheck.data.input_format: chat sends every case as chat messages,
 # completions every case as raw text; unset, `prompt` strings are raw and everything else is chat.
 INPUT_FORMAT_OF_API = {None: "auto", "chat": "chat", "completions": "raw"}
 

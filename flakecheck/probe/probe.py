@@ -17,24 +17,24 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from flakecheck.analysis import Thresholds
+from flakecheck.analysis.divergence import Thresholds
+from flakecheck.data.input_format import AppliedFormat
+from flakecheck.data.rundir import RunData
+from flakecheck.data.suite import Suite, load_suite
+from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
-from flakecheck.finish import TokenTexts, write_run
-from flakecheck.input_format import AppliedFormat
 from flakecheck.probe.bodies import CasePrompt, case_prompts
 from flakecheck.probe.client import ClientStats, ServerClient
-from flakecheck.probe.config import ProbeConfig
 from flakecheck.probe.detokenize import fill_token_texts
 from flakecheck.probe.discover import ServerInfo, check_prompts, discover
 from flakecheck.probe.endpoint import Endpoint
 from flakecheck.probe.levels import REFERENCE, LoadLevel, make_levels
 from flakecheck.probe.retries import RetryPolicy
 from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
+from flakecheck.probe.settings import ProbeConfig
 from flakecheck.probe.store import ProbeStore
 from flakecheck.probe.vocab import Vocab
-from flakecheck.rundir import RunData
-from flakecheck.suite import Suite, load_suite
-from flakecheck.traces import Trace
+from flakecheck.run.pipeline import TokenTexts, write_run
 
 T = TypeVar("T")
 
@@ -92,7 +92,7 @@ def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = F
 
 def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., ServerClient]) -> _Probe:
     """Everything checked, the server included, before the first byte is written."""
-    from flakecheck.api import _default_out
+    from flakecheck.run.engine_source import _default_out
 
     if resume and config.out is None:
         raise UserError("--resume needs --out DIR (the interrupted run directory)")
@@ -173,8 +173,8 @@ def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_facto
                   ) -> tuple[list[Trace], dict[tuple[int, ...], str], _Tally]:
     """Every (level, repeat) in turn, each saved as soon as it is done (or read back on --resume).
     Returns the traces, the server's text per token sequence, and the tally."""
-    from flakecheck.analysis import run_label
-    from flakecheck.progress import ReplayProgress
+    from flakecheck.analysis.divergence import run_label
+    from flakecheck.run.progress import ReplayProgress
 
     config, store = probe.config, probe.store
     tally = _Tally(store.load_vocab() if resume else Vocab())
@@ -235,7 +235,7 @@ def _interruptible(probe: _Probe) -> Iterator[None]:
 
 
 def _saved_message(probe: _Probe, what: str) -> str:
-    from flakecheck.analysis import run_label
+    from flakecheck.analysis.divergence import run_label
 
     config = probe.config
     work = [(level.name, r) for r in range(config.repeat) for level in probe.levels]

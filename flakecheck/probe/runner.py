@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flakecheck.data.traces import Trace
 from flakecheck.probe.bodies import BodyOptions, CasePrompt, completion_body
 from flakecheck.probe.client import RequestFailed, ServerClient
 from flakecheck.probe.levels import LoadLevel, filler
 from flakecheck.probe.parse import FLOOR_LOGPROB, Answer, AnswerError
 from flakecheck.probe.vocab import MISSING, Vocab
-from flakecheck.traces import Trace
 
 # A salt unique to this process: requests of an earlier probe can never share cached blocks with ours.
 RUN_NONCE = uuid.uuid4().hex[:12]

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flakecheck.data.rundir import RunDirectory, write_json
+from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
 from flakecheck.probe.runner import LevelResult
 from flakecheck.probe.vocab import Vocab
-from flakecheck.rundir import RunDirectory, write_json
-from flakecheck.traces import Trace
 
 VOCAB = "probe-vocab.json"
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
 from flakecheck.replay.requests import CaseRequest
 from flakecheck.replay.shards import Shard
-from flakecheck.traces import Trace
 
 LOCAL = "local"
 TRACE_FIELDS = ("case_id", "composition", "repeat", "token_ids", "top1_ids", "top1_logprobs", "top2_ids",
@@ -64,7 +64,7 @@ class ClusterStats:
 
 
 def traces_to_ipc(traces: Sequence[Trace]) -> bytes:
-    from flakecheck.rundir import TRACE_SCHEMA
+    from flakecheck.data.rundir import TRACE_SCHEMA
 
     table = pa.Table.from_pylist([vars(t) for t in traces], schema=TRACE_SCHEMA)
     sink = pa.BufferOutputStream()

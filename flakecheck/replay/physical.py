@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from flakecheck.compositions import Composition
+from flakecheck.data.compositions import Composition
+from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, LLMEngine
 from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, trace_of
-from flakecheck.traces import Trace
 
 
 def replay(engine: LLMEngine, cases: Sequence[CaseRequest], composition: Composition, repeat: int,

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flakecheck.compositions import Composition, arrival_order, make_fillers
+from flakecheck.data.compositions import Composition, arrival_order, make_fillers
+from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, Request, SamplingParams
-from flakecheck.traces import Trace
 
 
 @dataclass(frozen=True)

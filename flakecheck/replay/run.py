@@ -7,22 +7,22 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from flakecheck.compositions import Composition
+from flakecheck.data.compositions import Composition
+from flakecheck.data.traces import Trace
 from flakecheck.engine import LLMEngine, LoadedModel, build_model
 from flakecheck.replay.physical import replay
 from flakecheck.replay.requests import CaseRequest
-from flakecheck.traces import Trace
 
 SHARDS_PER_WORKER = 4  # shards a cluster's actor gets on average: finer balance, less lost with an actor
 
 if TYPE_CHECKING:
-    from flakecheck.config import RunConfig
+    from flakecheck.data.rundir import RunDirectory
     from flakecheck.engine.spec import EngineSpec
-    from flakecheck.progress import ReplayProgress
     from flakecheck.replay.cluster import Cluster
     from flakecheck.replay.shards import Shard
     from flakecheck.replay.simulated import RunTraces
-    from flakecheck.rundir import RunDirectory
+    from flakecheck.run.progress import ReplayProgress
+    from flakecheck.run.settings import RunConfig
 
 
 def replay_runs(model: LoadedModel, config: RunConfig, spec: EngineSpec, cases: Sequence[CaseRequest],
@@ -32,7 +32,7 @@ def replay_runs(model: LoadedModel, config: RunConfig, spec: EngineSpec, cases: 
     cluster) or replayed physically one after the other; each finished one is saved at once in the run
     directory, as is each finished shard (on resume, what was saved is read back instead of replayed).
     Returns the traces in work order, the replay time, and how it replayed."""
-    from flakecheck.analysis import run_label
+    from flakecheck.analysis.divergence import run_label
 
     mode, why = replay_mode(config, spec)
     info: dict[str, Any] = {"mode": mode, **({"fallback": why} if why else {})}

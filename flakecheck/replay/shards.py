@@ -20,7 +20,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from flakecheck.compositions import Composition
+from flakecheck.data.compositions import Composition
 from flakecheck.replay.requests import CaseRequest
 from flakecheck.replay.simulated import Job
 

@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flakecheck.compositions import Composition
+from flakecheck.data.compositions import Composition
+from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, EngineCore, LoadedModel, Request
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.models import LlamaForCausalLM
@@ -38,7 +39,6 @@ from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay.lockstep import Lockstep, Member
 from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, trace_of
-from flakecheck.traces import Trace
 
 MAX_SLOTS = 256  # KV slots in the pool: sequences held at once across every core
 MAX_ROWS = 2048  # rows of one physical forward pass

@@ -11,9 +11,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from flakecheck.data.rundir import RunData
 from flakecheck.explain.summary import INTERACTION, LABELS, MECHANISMS, case_summary
 from flakecheck.reports.facts import clean, records
-from flakecheck.rundir import RunData
 
 
 @dataclass

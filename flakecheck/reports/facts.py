@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from flakecheck.analysis import run_label
-from flakecheck.flip_kind import FLIP_KINDS
+from flakecheck.analysis.divergence import run_label
+from flakecheck.analysis.flip_kind import FLIP_KINDS
+from flakecheck.analysis.score_swing import ScoreSwing, score_swing
+from flakecheck.data.rundir import CASES_SCHEMA, STATUSES, RunData
 from flakecheck.reports.flip_view import FlipView
-from flakecheck.rundir import CASES_SCHEMA, STATUSES, RunData
-from flakecheck.score_swing import ScoreSwing, score_swing
 
 DIVERGED = ("flaky", "verdict_flaky")
 # The summary warns about empty answers when at least this share of the cases (and at least one) has an empty
@@ -274,7 +274,7 @@ def next_command(facts: RunFacts) -> tuple[str, str]:
 
 def invariant_rerun(facts: RunFacts) -> str:
     """The run's own settings with fixed-order kernels, into a new run directory."""
-    from flakecheck.config import RunConfig
+    from flakecheck.run.settings import RunConfig
 
     recorded = facts.meta.get("config")
     if isinstance(recorded, dict):

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flakecheck.console import output_console
-from flakecheck.rundir import RunData
+from flakecheck.data.rundir import RunData
 
 EXIT_REPORT_FAILED = 3
 

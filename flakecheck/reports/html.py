@@ -21,7 +21,9 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from flakecheck.analysis import first_divergence, run_label
+from flakecheck.analysis.divergence import first_divergence, run_label
+from flakecheck.analysis.score_swing import swing_sentence
+from flakecheck.data.rundir import STATUSES, RunData, atomic_write_text
 from flakecheck.reports.explanation import explanation, fmt_cost, mechanism_counts, stabilised
 from flakecheck.reports.facts import (
     CONFIDENT_NOTE,
@@ -41,8 +43,6 @@ from flakecheck.reports.facts import (
 )
 from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
 from flakecheck.reports.plots import plots
-from flakecheck.rundir import STATUSES, RunData, atomic_write_text
-from flakecheck.score_swing import swing_sentence
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_METADATA_COLUMNS = 6

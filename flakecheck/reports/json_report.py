@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from flakecheck.analysis.score_swing import swing_sentence
+from flakecheck.data.rundir import RunData
 from flakecheck.reports.explanation import Explanation, explanation
 from flakecheck.reports.facts import empty_answer_warning, gather, next_command
-from flakecheck.rundir import RunData
-from flakecheck.score_swing import swing_sentence
 
 
 def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:

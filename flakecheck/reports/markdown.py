@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html
 
+from flakecheck.analysis.score_swing import swing_sentence
+from flakecheck.data.rundir import STATUSES, RunData
 from flakecheck.reports.explanation import Explanation, explanation, fmt_cost, mechanism_counts, stabilised
 from flakecheck.reports.facts import (
     CONFIDENT_NOTE,
@@ -22,8 +24,6 @@ from flakecheck.reports.facts import (
     score_range,
 )
 from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
-from flakecheck.rundir import STATUSES, RunData
-from flakecheck.score_swing import swing_sentence
 
 MARKDOWN_SPECIALS = str.maketrans({c: f"\\{c}" for c in "\\`*_[]|~"})
 

@@ -7,9 +7,9 @@ import math
 
 from markupsafe import Markup
 
+from flakecheck.data.rundir import RunData
 from flakecheck.reports.facts import RunFacts
 from flakecheck.reports.svg import Series, bar_chart
-from flakecheck.rundir import RunData
 
 # Gap bins in nats, finer near zero where near-ties live.
 GAP_EDGES = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, math.inf]

@@ -6,6 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from flakecheck.analysis.score_swing import swing_sentence
+from flakecheck.data.rundir import STATUSES, RunData
 from flakecheck.reports.explanation import (
     Explanation,
     explain_command,
@@ -27,8 +29,6 @@ from flakecheck.reports.facts import (
     score_range,
 )
 from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
-from flakecheck.rundir import STATUSES, RunData
-from flakecheck.score_swing import swing_sentence
 
 STATUS_STYLE = {"stable": "green", "fragile": "yellow", "flaky": "magenta", "verdict_flaky": "bold red"}
 

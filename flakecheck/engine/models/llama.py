@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from flakecheck.engine.config import ModelConfig
 from flakecheck.engine.forward_batch import ForwardBatch
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.layers.activation import silu_and_mul
@@ -13,6 +12,7 @@ from flakecheck.engine.layers.embedding import Embedding, LMHead
 from flakecheck.engine.layers.linear import Linear
 from flakecheck.engine.layers.rmsnorm import RMSNorm
 from flakecheck.engine.layers.rotary import RotaryEmbedding
+from flakecheck.engine.model_config import ModelConfig
 from flakecheck.kernels import ModelDims, Ops
 
 

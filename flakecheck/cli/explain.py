@@ -8,16 +8,16 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from flakecheck.config import parse_ids
 from flakecheck.console import output_console
-from flakecheck.grader import DEFAULT_TIMEOUT_S
+from flakecheck.grading.external import DEFAULT_TIMEOUT_S
+from flakecheck.run.settings import parse_ids
 
 
 def explain_from_cli(run_dir: Path, ids: str | None, json_out: bool, steps_after: int, grader: str | None,
                      grader_timeout: float = DEFAULT_TIMEOUT_S, suite: Path | None = None, fixes: bool = True,
                      top: int = 20, quiet: bool = False, ray: str | None = None, workers: int = 2,
                      cpus_per_worker: int | None = None, allow_mixed_devices: bool = False) -> int:
-    from flakecheck.explain.api import explain_run
+    from flakecheck.explain.explainer import explain_run
     from flakecheck.reports.explanation import explanation
     from flakecheck.reports.json_report import explain_dict
     from flakecheck.reports.terminal import render_explanation

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from flakecheck.analysis import Thresholds, VerdictKey, analyse
-from flakecheck.checks import check_label
-from flakecheck.flip.summary import flip_meta
-from flakecheck.grading import grade_traces
-from flakecheck.rundir import RunData, RunDirectory
-from flakecheck.suite import Suite
-from flakecheck.traces import Trace, traces_digest
+from flakecheck.analysis.divergence import Thresholds, VerdictKey, analyse
+from flakecheck.analysis.flip.summary import flip_meta
+from flakecheck.analysis.verdicts import grade_traces
+from flakecheck.data.rundir import RunData, RunDirectory
+from flakecheck.data.suite import Suite
+from flakecheck.data.traces import Trace, traces_digest
+from flakecheck.grading.checks import check_label
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], re
               draws: Sequence[str] = (), sampling: Mapping[str, Any] | None = None) -> RunData:
     """Analyse, write runs/tokens/cases parquet and meta.json (the source's `meta` plus what every run
     records), drop the saved partial traces. `verdicts` are every trace's pass/fail, graded before
-    (flakecheck.grading; None: the suite's own checks grade here). `meta["dtype"]` (the logits' dtype,
+    (flakecheck.analysis.verdicts; None: the suite's own checks grade here). `meta["dtype"]` (the logits' dtype,
     unknown for a server) sizes one ulp for flip_kind. The caller's `timings` gain analysis_s. `draws`: the
-    compositions that are draws from a load (flakecheck.flip), `sampling` how they were drawn."""
+    compositions that are draws from a load (flakecheck.analysis.flip), `sampling` how they were drawn."""
     if verdicts is None:
         t0 = time.perf_counter()
         verdicts = grade_traces(traces, suite.cases, texts.decode)

@@ -11,15 +11,15 @@ Accepted per line (a JSON object):
   (OpenAI style), which are joined. promptfoo test cases put the input under `vars`: `vars.input`,
   `vars.prompt` or `vars.question` becomes one user message when none of the above is present. A case
   remembers which key its input came from (`Case.input_key`); `run --input-format chat|raw` overrides the
-  convention for every case (see flakecheck.input_format, which turns a case into what the model is sent).
+  convention for every case (see flakecheck.data.input_format, which turns a case into what the model is sent).
 - choices: inspect_ai's `choices` (list of strings) are appended to a string input as "A) ...", one a line;
   a case with choices and no checks gets a `choice` check against its target.
 - target: `target`, `ideal` (OpenAI evals), `expected`, `answer` (a string, a number, or a list of them).
-- checks: `checks` or `assert` (promptfoo), a list of check objects or a single one (see flakecheck.checks).
+- checks: `checks` or `assert` (promptfoo), a list of check objects or a single one (see flakecheck.grading.checks).
 - `max_tokens` (positive integer), `metadata` (object, carried into reports).
 - `stop`: stop sequences (a string or a list of non-empty strings), as the OpenAI API takes them: the answer ends
   with the token that completes the first occurrence and its text is cut before it (what a harness such as
-  lm-eval sends, so an imported suite replays the harness's requests exactly; see flakecheck.stops).
+  lm-eval sends, so an imported suite replays the harness's requests exactly; see flakecheck.data.stops).
 
 Two spellings of one field on a line (say `target` and `answer`) are an error rather than a silent choice.
 Other keys are ignored, with one warning listing them (it catches typos such as `targte`).
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flakecheck.checks import TARGET_TYPES, Check, choice_letter_of_target, parse_check, parse_number
 from flakecheck.errors import InputError, UserError
+from flakecheck.grading.checks import TARGET_TYPES, Check, choice_letter_of_target, parse_check, parse_number
 
 Messages = list[dict[str, str]]
 
@@ -61,7 +61,7 @@ class Case:
     max_tokens: int | None
     metadata: dict[str, Any] = field(hash=False)
     line: int
-    input_key: str = "input"  # input | prompt | messages | vars: decides chat vs raw (flakecheck.input_format)
+    input_key: str = "input"  # input | prompt | messages | vars: decides chat vs raw (flakecheck.data.input_format)
     stop: tuple[str, ...] = ()  # stop sequences: the answer ends where the first one appears
 
     @property

@@ -10,7 +10,7 @@ The gate fails when any of these holds (quarantined cases are left out of every 
 - a quarantine entry has expired;
 - with `--max-score-swing PP`: the score swing exceeds PP percentage points. The swing is the best-case
   minus the worst-case score over the graded cases (a case passes in the worst case only if it passes
-  under every composition, in the best case if it passes under any; see flakecheck.score_swing): how far
+  under every composition, in the best case if it passes under any; see flakecheck.analysis.score_swing): how far
   the suite's reported score can move from batch composition alone. No limit unless given;
 - with `--max-flip-probability P` (a run with draws: `flakecheck run --sample N`, or a probe): a case's
   observed flip probability may exceed P — the upper bound of its 95% interval is above P, so a case
@@ -25,7 +25,7 @@ Defaults when a threshold is not given:
 - with `--baseline`: the baseline's own flaky rate and verdict-flip count ("no worse than the
   baseline"), so known flakiness does not fail while every newly diverging case does.
 
-Quarantined cases (see flakecheck.quarantine) are reported and appear as `skipped` in JUnit.
+Quarantined cases (see flakecheck.gate.quarantine) are reported and appear as `skipped` in JUnit.
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from flakecheck.analysis.score_swing import ScoreSwing, score_swing, swing_sentence
 from flakecheck.console import output_console
+from flakecheck.data.rundir import RunData, atomic_write_text, load_run
 from flakecheck.errors import UserError
-from flakecheck.junit import write_junit
-from flakecheck.quarantine import QuarantineEntry, load_quarantine
+from flakecheck.gate.junit import write_junit
+from flakecheck.gate.markdown import gate_markdown, score_swing_line
+from flakecheck.gate.quarantine import QuarantineEntry, load_quarantine
 from flakecheck.reports.facts import DIVERGED, RunFacts, gather
-from flakecheck.reports.gate_summary import gate_markdown, score_swing_line
-from flakecheck.rundir import RunData, atomic_write_text, load_run
-from flakecheck.score_swing import ScoreSwing, score_swing, swing_sentence
 
 # Rates are compared with a little slack so "no worse than the baseline" holds for equal counts.
 RATE_EPSILON = 1e-9
@@ -253,7 +253,7 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
 
 def _score_std(facts: RunFacts, quarantined: set[str]) -> float | None:
     """The score's standard deviation over the run's draws in percentage points, quarantined cases left out."""
-    from flakecheck.flip.score import score_distribution
+    from flakecheck.analysis.flip.score import score_distribution
 
     draws = set((facts.meta.get("flip") or {}).get("draws") or [])
     labels = [label for label in facts.run_labels if label.split(" #")[0] in draws]

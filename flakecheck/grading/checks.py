@@ -25,7 +25,7 @@ types whose `value` may be left out, the case's targets standing in for it (any 
 The eval harnesses' other deterministic scorers are options of the types above: `exact` with
 `normalize: "squad"` (inspect_ai's exact()), `regex` with `groups: "any" | "all"` (inspect_ai's pattern() and
 answer(): a captured group, or the whole match, equals a target), `choice` with `format: "answer"` and
-`multiple` (inspect_ai's multiple_choice() "ANSWER: X" parsing). Their rules are in flakecheck.checks_harness.
+`multiple` (inspect_ai's multiple_choice() "ANSWER: X" parsing). Their rules are in flakecheck.grading.harness_rules.
 
 Any type takes a `not-` prefix that inverts it. Also accepted: `equals` -> exact, `includes` -> contains,
 `is-json` -> json, `pattern` / `matches` -> regex, `icontains-any` / `icontains-all` -> contains-any / -all
@@ -50,8 +50,8 @@ from typing import Any
 
 import regex
 
-from flakecheck import checks_harness as harness
 from flakecheck.errors import InputError
+from flakecheck.grading import harness_rules as harness
 
 CHECK_TYPES: tuple[str, ...] = (
     "exact", "contains", "icontains", "starts-with", "regex", "numeric", "choice", "json",

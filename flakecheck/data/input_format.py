@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from flakecheck.data.suite import Case, Messages, Suite
 from flakecheck.errors import InputError, UserError
-from flakecheck.suite import Case, Messages, Suite
 
 INPUT_FORMATS = ("auto", "chat", "raw")
 RAW_KEYS = ("prompt",)  # keys whose string is raw completion text under `auto`

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from flakecheck.data.suite import Case
+from flakecheck.data.traces import Trace
 from flakecheck.serve.stop import find_stop
-from flakecheck.suite import Case
-from flakecheck.traces import Trace
 
 
 def stop_length(token_ids: Sequence[int], stops: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:

@@ -13,8 +13,8 @@ no generated tokens has risk 0.
 flip_kind classifies each diverged case's first divergence as a tie, a near-tie or a confident flip from
 the reference's gap there, the run's dtype and the gap noise the run measured (`gap_noise`: the largest
 |gap(other) - gap(reference)| at a step before the two diverged, where both ranked the same two tokens
-first; see flakecheck.flip_kind). Verdicts come in from outside
-(flakecheck.grading: the suite's checks or an external grader); analysis never grades.
+first; see flakecheck.analysis.flip_kind). Verdicts come in from outside
+(flakecheck.analysis.verdicts: the suite's checks or an external grader); analysis never grades.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flakecheck.flip.observed import observe
-from flakecheck.flip.predict import NoiseModel, measure_noise, predict
-from flakecheck.flip_kind import classify_flip
-from flakecheck.suite import Case
-from flakecheck.traces import Trace
+from flakecheck.analysis.flip.observed import observe
+from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
+from flakecheck.analysis.flip_kind import classify_flip
+from flakecheck.data.suite import Case
+from flakecheck.data.traces import Trace
 
 VerdictKey = tuple[str, str, int]  # (case_id, composition, repeat)
 
@@ -99,7 +99,7 @@ def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thre
     """Traces (in composition order) of every case -> runs, tokens and cases rows.
 
     `verdicts` holds every trace's pass/fail (None: ungraded) by (case_id, composition, repeat), computed
-    before (flakecheck.grading). `dtype` is the dtype the logits were computed in, for flip_kind; None
+    before (flakecheck.analysis.verdicts). `dtype` is the dtype the logits were computed in, for flip_kind; None
     (unknown, e.g. a server) classifies as fp32, the smallest noise, so a tie is never over-claimed.
     `draws`: the compositions that are draws from a load (sampled, or a probe's load levels): every case's
     observed flip probability is over their traces (all repeats), and the gap-shift noise that predicts it

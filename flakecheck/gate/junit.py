@@ -15,10 +15,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flakecheck.rundir import atomic_write_bytes
+from flakecheck.data.rundir import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from flakecheck.gate import CaseOutcome, GateResult
+    from flakecheck.gate.gate import CaseOutcome, GateResult
 
 # XML 1.0 cannot carry most control characters, whatever the escaping; model output may contain them.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -71,7 +71,7 @@ def _testcase(outcome: CaseOutcome, classname: str) -> ET.Element:
     description = _describe(case)
     if outcome.outcome == "fail":
         failure = ET.SubElement(element, "failure", message=xml_text("; ".join(outcome.reasons)),
-                                type="flakecheck.gate")
+                                type="flakecheck.gate.gate")
         failure.text = xml_text(description)
     elif outcome.outcome == "flaky":
         flaky = ET.SubElement(element, "flakyFailure", message=xml_text(f"{case['status']}: {description}"),

@@ -20,8 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
-from flakecheck.traces import Trace
 
 RUNS_SCHEMA = pa.schema([
     ("case_id", pa.string()),
@@ -62,13 +62,13 @@ CASES_SCHEMA = pa.schema([
     ("ref_token", pa.string()),
     ("alt_token", pa.string()),
     ("gap_at_divergence", pa.float32()),
-    ("flip_kind", pa.string()),  # tie | near_tie | confident at the first divergence (flakecheck.flip_kind)
+    ("flip_kind", pa.string()),  # tie | near_tie | confident at the first divergence (flakecheck.analysis.flip_kind)
     ("min_gap", pa.float32()),
     ("n_near_ties", pa.int32()),
     ("pass_rate", pa.float32()),
     ("verdict_flip", pa.bool_()),
     ("risk", pa.float32()),
-    # flip probability (flakecheck.flip): over the draws (sampled compositions, a probe's load levels) ...
+    # flip probability (flakecheck.analysis.flip): over the draws (sampled compositions, a probe's load levels) ...
     ("n_draws", pa.int32()),
     ("p_flip", pa.float64()),  # share of draws whose tokens differ from the reference
     ("p_flip_low", pa.float64()),  # its 95% Wilson interval

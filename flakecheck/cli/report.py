@@ -6,12 +6,12 @@ import sys
 from pathlib import Path
 
 from flakecheck.console import output_console
+from flakecheck.data.rundir import load_run
 from flakecheck.errors import UserError
 from flakecheck.reports.html import write_html
 from flakecheck.reports.json_report import render_json
 from flakecheck.reports.markdown import render_markdown
 from flakecheck.reports.terminal import render_summary
-from flakecheck.rundir import load_run
 
 FORMATS = ("terminal", "markdown", "json")
 

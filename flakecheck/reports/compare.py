@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from flakecheck.data.rundir import RunData, load_run
 from flakecheck.errors import UserError
 from flakecheck.reports.facts import DIVERGED, EngineFacts, clean, records
-from flakecheck.rundir import RunData, load_run
 
 CATEGORIES = ("both", "a_only", "b_only", "neither")
 
@@ -67,7 +67,7 @@ class Comparison:
     # a run without its runs table)
     references: dict[str, Any] | None = None
     # A's p_flip_pred against B's p_flip: {"all": ..., "same_reference": ..., "different_reference": ...}, each
-    # a calibration block (flakecheck.flip.calibration) or None; None when B has no draws or A no predictions
+    # a calibration block (flakecheck.analysis.flip.calibration) or None; None when B has no draws or A no predictions
     probability: dict[str, Any] | None = None
     predictor: str = "predicted flip probability"  # what the AUROC ranks A's cases by
 
@@ -132,7 +132,7 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
 
 
 def _probability(cases: list[dict[str, Any]], n_draws: int | None) -> dict[str, Any] | None:
-    from flakecheck.flip.calibration import calibrate
+    from flakecheck.analysis.flip.calibration import calibrate
 
     def block(subset: list[dict[str, Any]]) -> dict[str, Any] | None:
         return calibrate([c["p_flip_pred_a"] for c in subset], [c["p_flip_b"] for c in subset], n_draws)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flakecheck.analysis.score_swing import swing_sentence
+from flakecheck.data.rundir import STATUSES
 from flakecheck.reports.markdown import md_text, risk_table
-from flakecheck.rundir import STATUSES
-from flakecheck.score_swing import swing_sentence
 
 if TYPE_CHECKING:
-    from flakecheck.gate import GateResult
+    from flakecheck.gate.gate import GateResult
 
 MAX_ROWS = 50
 MAX_CHARS = 100_000

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from flakecheck.compositions import Composition, Fillers
+from flakecheck.data.compositions import Composition, Fillers
 from flakecheck.errors import UserError
 
 DEFAULT_LOAD = "poisson:16"

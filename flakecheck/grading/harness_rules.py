@@ -1,5 +1,5 @@
 """The grading rules of the eval harnesses' deterministic text scorers, so an imported suite grades its
-replays as the harness graded the original run (flakecheck.checks dispatches to these):
+replays as the harness graded the original run (flakecheck.grading.checks dispatches to these):
 
 - `match` (inspect_ai's `match()`): the target at the `location` (begin | end | any | exact) of the output,
   after stripping whitespace and punctuation, case folded unless `ignore_case` is false; with `numeric`, the
@@ -19,7 +19,7 @@ replays as the harness graded the original run (flakecheck.checks dispatches to 
 Ported from inspect_ai 0.3.285 and lm-eval 0.4.13 (only the rules, not the code paths that run model or user
 code). Known difference: inspect's numeric `match` also reads numbers in other scripts (Chinese numerals,
 vulgar fractions, full-width digits); here only what Python's float() reads is a number. Every regex from a
-suite runs under the time bound of flakecheck.checks (RegexTimeout when it runs out).
+suite runs under the time bound of flakecheck.grading.checks (RegexTimeout when it runs out).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import typer
 
+from flakecheck.cli.imports import import_app
 from flakecheck.errors import UserError
-from flakecheck.grader import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
-from flakecheck.harness.command import import_app
+from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 
 app = typer.Typer(
     add_completion=False,
@@ -68,7 +68,7 @@ def run(
     sample_only: bool = typer.Option(False, "--sample-only", help="--sample: replay the reference and the draws "
                                      "only, not the named compositions"),
 ) -> None:
-    from flakecheck.api import run_from_cli
+    from flakecheck.run.engine_source import run_from_cli
 
     run_from_cli(
         suite=suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
@@ -111,7 +111,7 @@ def probe(
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
 ) -> None:
-    from flakecheck.probe.command import probe_from_cli
+    from flakecheck.cli.probe import probe_from_cli
 
     probe_from_cli(
         suite=suite, endpoint=endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
@@ -129,7 +129,7 @@ def compare(
     run_b: Path = typer.Argument(..., help="run directory B (its divergences are what is predicted)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    from flakecheck.compare import compare_command
+    from flakecheck.reports.compare import compare_command
 
     raise typer.Exit(compare_command(run_a, run_b, json_out=json_out))
 
@@ -142,7 +142,7 @@ def report(
     html: Path | None = typer.Option(None, help="also write the HTML report to this file"),
     top: int = typer.Option(10, help="how many cases to list by risk"),
 ) -> None:
-    from flakecheck.reports.command import report_command
+    from flakecheck.cli.report import report_command
 
     raise typer.Exit(report_command(run_dir, format=format, html=html, top=top))
 
@@ -166,7 +166,7 @@ def gate(
     max_score_std: float | None = typer.Option(None, help="fail when the score's standard deviation over the draws "
                                                "exceeds this many percentage points"),
 ) -> None:
-    from flakecheck.gate import gate_command
+    from flakecheck.gate.gate import gate_command
 
     raise typer.Exit(gate_command(
         run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
@@ -197,7 +197,7 @@ def explain(
     cpus_per_worker: int | None = typer.Option(None, help="--ray: CPUs (threads) per actor (default: shared out)"),
     allow_mixed_devices: bool = typer.Option(False, help="--ray: run even when actors' machines differ"),
 ) -> None:
-    from flakecheck.explain.command import explain_from_cli
+    from flakecheck.cli.explain import explain_from_cli
 
     raise typer.Exit(explain_from_cli(run_dir, ids, json_out, steps_after, grader, grader_timeout, suite,
                                       not no_fixes, top, quiet, ray, workers, cpus_per_worker, allow_mixed_devices))
@@ -212,7 +212,7 @@ def repro(
     out: Path | None = typer.Option(None, help="the directory to write (default RUN_DIR/repro/CASE_ID)"),
     suite: Path | None = typer.Option(None, help="the run's suite file, if it moved (its sha256 must match)"),
 ) -> None:
-    from flakecheck.explain.command import repro_from_cli
+    from flakecheck.cli.explain import repro_from_cli
 
     raise typer.Exit(repro_from_cli(run_dir, case_id, out, suite))
 
@@ -250,7 +250,7 @@ def serve(
     quiet: bool = typer.Option(False, help="no access log (by default one line per request on stderr: method, "
                                "path, status, latency, request id, token counts; never a body or a key)"),
 ) -> None:
-    from flakecheck.serve.command import serve_command
+    from flakecheck.cli.serve import serve_command
     from flakecheck.serve.state import ServeSettings
 
     serve_command(ServeSettings(model, kernels, dtype, profile, max_num_seqs, max_num_batched_tokens,

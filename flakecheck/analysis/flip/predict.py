@@ -24,8 +24,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from flakecheck.flip_kind import dtype_name, ulp
-from flakecheck.traces import Trace
+from flakecheck.analysis.flip_kind import dtype_name, ulp
+from flakecheck.data.traces import Trace
 
 UNITS = ("ulp", "logprob")
 EQUAL_TOLERANCE = {"ulp": 1e-3, "logprob": 1e-6}  # a thousandth of an ulp; fp32 rounding of a logprob gap

@@ -8,7 +8,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from flakecheck.traces import Trace
+from flakecheck.data.traces import Trace
 
 
 class ReplayProgress:

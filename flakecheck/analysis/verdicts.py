@@ -1,5 +1,5 @@
-"""Verdicts for every trace, before analysis: the suite's own checks (flakecheck.checks), or an external
-grader process (flakecheck.grader) when one is given, which then replaces the checks.
+"""Verdicts for every trace, before analysis: the suite's own checks (flakecheck.grading.checks), or an external
+grader process (flakecheck.grading.external) when one is given, which then replaces the checks.
 
 Each distinct output text of a case is graded once (most compositions reproduce the reference, and a
 regex check may take its full time bound or a grader may execute code); every trace with that text
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flakecheck.analysis import VerdictKey, run_label
-from flakecheck.checks import grade
-from flakecheck.grader import GradeRequest, GraderError, GraderSpec, run_grader
-from flakecheck.suite import Case
-from flakecheck.traces import Trace
+from flakecheck.analysis.divergence import VerdictKey, run_label
+from flakecheck.data.suite import Case
+from flakecheck.data.traces import Trace
+from flakecheck.grading.checks import grade
+from flakecheck.grading.external import GradeRequest, GraderError, GraderSpec, run_grader
 
 
 def grade_traces(traces: Sequence[Trace], cases: Sequence[Case], decode: Callable[[list[int]], str],

@@ -19,7 +19,7 @@ from flakecheck.errors import UserError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from flakecheck.analysis import Thresholds
+    from flakecheck.analysis.divergence import Thresholds
     from flakecheck.harness.model import HarnessLog
 
 MAX_WARNING_LINES = 20
@@ -52,7 +52,7 @@ def inspect_command(
     quiet: bool = typer.Option(False, help="print only the summary line"),
     inspect_reader: bool = typer.Option(True, help="read through inspect_ai's own reader when it is installed"),
 ) -> None:
-    from flakecheck.analysis import Thresholds
+    from flakecheck.analysis.divergence import Thresholds
     from flakecheck.harness.inspect_log import inspect_ai_version, read_inspect_log
     from flakecheck.harness.inspect_samples import parse_inspect_log
 
@@ -85,7 +85,7 @@ def lmeval_command(
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
 ) -> None:
-    from flakecheck.analysis import Thresholds
+    from flakecheck.analysis.divergence import Thresholds
     from flakecheck.harness.lmeval_samples import read_lmeval_samples
 
     def read(path: Path) -> HarnessLog:
@@ -117,7 +117,7 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
     if out is not None and len(paths) < 2:
         raise UserError("--out compares runs: give two or more logs of one task (e.g. at 1 and 16 connections)")
     if dtype is not None:
-        from flakecheck.flip_kind import dtype_name
+        from flakecheck.analysis.flip_kind import dtype_name
 
         try:
             dtype = dtype_name(dtype)

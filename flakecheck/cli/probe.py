@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flakecheck.config import parse_ids
-from flakecheck.probe.config import ProbeConfig
 from flakecheck.probe.levels import parse_concurrency
 from flakecheck.probe.probe import ProbeInterrupted, probe_suite
+from flakecheck.probe.settings import ProbeConfig
+from flakecheck.run.settings import parse_ids
 
 
 def probe_from_cli(*, suite: Path, concurrency: str, ids: str | None, quiet: bool, resume: bool,

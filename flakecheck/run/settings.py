@@ -14,12 +14,12 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from flakecheck.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
+from flakecheck.analysis.flip.load import DEFAULT_LOAD, parse_load, sample_compositions
+from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
+from flakecheck.data.input_format import INPUT_FORMATS
 from flakecheck.errors import UserError
-from flakecheck.flip.load import DEFAULT_LOAD, parse_load, sample_compositions
-from flakecheck.grader import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
-from flakecheck.grader import check_timeout, grader_argv
-from flakecheck.input_format import INPUT_FORMATS
+from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
+from flakecheck.grading.external import check_timeout, grader_argv
 from flakecheck.kernels.policy import KernelPolicy
 
 DEFAULT_MODEL = "smollm2"
@@ -67,14 +67,14 @@ class RunConfig:
     out: Path | None = None
     html: bool = True
     input_format: str = "auto"
-    grader: tuple[str, ...] = ()  # argv of an external grader (flakecheck.grader); () grades by the checks
+    grader: tuple[str, ...] = ()  # argv of an external grader (flakecheck.grading.external); () grades by the checks
     grader_timeout: float = GRADER_TIMEOUT_S
     # where simulated replay runs: None in this process; "local" (a local Ray cluster), "auto" or an address
     ray: str | None = None
     workers: int = 2
     cpus_per_worker: int | None = None
     allow_mixed_devices: bool = False
-    # flip probability (flakecheck.flip): compositions drawn from a load model, beside the named ones
+    # flip probability (flakecheck.analysis.flip): compositions drawn from a load model, beside the named ones
     sample: int = 0
     load: str = DEFAULT_LOAD
     sample_seed: int = 0

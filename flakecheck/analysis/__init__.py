@@ -1,0 +1,2 @@
+"""From traces to findings: first divergences, statuses, verdicts, flip kinds, the score's swing and flip
+probability."""

@@ -1,0 +1,1 @@
+"""`flakecheck gate`: a CI regression gate over a run directory, its JUnit XML and markdown."""

@@ -1,0 +1,2 @@
+"""The rules a graded output is judged by: the suite's checks, the eval harnesses' scorers, an external
+grader process."""
