@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from flakecheck.machine.fingerprint import flakecheck_version
 from flakecheck.machine.pinning import pin as _pin
 
 _pin()  # before torch loads anywhere through flakecheck: the libraries read these settings once
 
-__version__ = "0.1.0"
+__version__ = flakecheck_version()
 __all__ = ["__version__", "explain_run", "load_run", "run_suite"]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import flakecheck
+from flakecheck.analysis.attribution import LABELS
 from flakecheck.analysis.divergence import first_divergence
 from flakecheck.data.compositions import Composition, Fillers
 from flakecheck.data.rundir import RunData
@@ -25,7 +26,6 @@ from flakecheck.errors import UserError
 from flakecheck.explain.mechanisms import pairs
 from flakecheck.explain.repro import needed_cases, write_repro
 from flakecheck.explain.source import open_run, with_requests
-from flakecheck.explain.summary import LABELS
 from flakecheck.kernels import get_ops
 from flakecheck.replay.simulated import Job, Simulation
 from tests.test_run import cli_run

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flakecheck.serve.stop import find_stop, streamable_length
+from flakecheck.data.stops import find_stop, streamable_length
 
 ALPHABET = st.sampled_from("ab c\ufffd")
 

@@ -28,9 +28,7 @@ from flakecheck.analysis.flip.observed import observe
 from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
 from flakecheck.analysis.flip_kind import classify_flip
 from flakecheck.data.suite import Case
-from flakecheck.data.traces import Trace
-
-VerdictKey = tuple[str, str, int]  # (case_id, composition, repeat)
+from flakecheck.data.traces import Trace, VerdictKey, run_label
 
 
 @dataclass(frozen=True)
@@ -46,11 +44,6 @@ class Tables:
     cases: list[dict[str, Any]]
     gap_noise: float = 0.0
     noise: NoiseModel = field(default_factory=lambda: NoiseModel("logprob", "float32", ()))
-
-
-def run_label(composition: str, repeat: int) -> str:
-    """How a (composition, repeat) is named in tables and reports: `batch8`, `batch8 #1`."""
-    return composition if repeat == 0 else f"{composition} #{repeat}"
 
 
 def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | None:

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from flakecheck.analysis.divergence import VerdictKey, run_label
 from flakecheck.data.suite import Case
-from flakecheck.data.traces import Trace
+from flakecheck.data.traces import Trace, VerdictKey, run_label
 from flakecheck.grading.checks import grade
 from flakecheck.grading.external import GradeRequest, GraderError, GraderSpec, run_grader
 

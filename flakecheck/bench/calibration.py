@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import flakecheck
 from flakecheck.analysis.flip.load import DEFAULT_LOAD
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, REFERENCE, Composition
 from flakecheck.data.suite import load_suite
 from flakecheck.engine import load_model
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.machine.probes import ProbeDims
+from flakecheck.run.engine_source import run_suite
 
 DEMO = Path(__file__).resolve().parents[2] / "suites" / "demo.jsonl"
 
@@ -45,13 +45,13 @@ def main(json_out: bool = False, quick: bool = False, limit: int | None = None, 
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        default = flakecheck.run_suite(suite, model=loaded, kernels="splitk", compositions=list(DEFAULT_COMPOSITIONS),
+        default = run_suite(suite, model=loaded, kernels="splitk", compositions=list(DEFAULT_COMPOSITIONS),
                                        out=Path(tmp) / "default", html=False, max_tokens=max_tokens)
         seconds["default"] = time.perf_counter() - t0
         if not json_out:
             print(f"default   {seconds['default']:8.1f} s", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        sampled = flakecheck.run_suite(suite, model=loaded, kernels="splitk", compositions=[Composition(REFERENCE)],
+        sampled = run_suite(suite, model=loaded, kernels="splitk", compositions=[Composition(REFERENCE)],
                                        out=Path(tmp) / "sampled", html=False, max_tokens=max_tokens,
                                        sample=n_sample, load=load, sample_seed=seed)
         seconds["sampled"] = time.perf_counter() - t0

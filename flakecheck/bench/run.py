@@ -23,11 +23,11 @@ from typing import Any
 
 import pandas as pd
 
-import flakecheck
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS
 from flakecheck.data.rundir import RunData
 from flakecheck.data.suite import load_suite
 from flakecheck.engine import load_model
+from flakecheck.run.engine_source import run_suite
 
 DEMO = Path(__file__).resolve().parents[2] / "suites" / "demo.jsonl"
 
@@ -48,7 +48,7 @@ def main(json_out: bool = False, quick: bool = False, cases: int | None = None, 
         for i in range(n_repeats):
             for mode in ("simulated", "physical"):
                 t0 = time.perf_counter()
-                run = flakecheck.run_suite(suite, model=loaded, kernels="splitk", compositions=compositions,
+                run = run_suite(suite, model=loaded, kernels="splitk", compositions=compositions,
                                            out=Path(tmp) / f"{mode}-{i}", html=False, replay=mode)
                 times[mode].append(time.perf_counter() - t0)
                 runs[mode] = run
@@ -78,7 +78,7 @@ def main(json_out: bool = False, quick: bool = False, cases: int | None = None, 
         # loading the model in each)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            clustered = flakecheck.run_suite(suite, model=model, kernels="splitk", compositions=compositions,
+            clustered = run_suite(suite, model=model, kernels="splitk", compositions=compositions,
                                              out=Path(tmp) / "ray", html=False, ray=ray, workers=workers)
             ray_s = time.perf_counter() - t0
         stats = clustered.meta["replay_stats"]["cluster"]

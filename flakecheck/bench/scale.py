@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import flakecheck
 from flakecheck.bench.run import DEMO, _same
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS
 from flakecheck.data.suite import load_suite
 from flakecheck.engine import load_model
+from flakecheck.run.engine_source import run_suite
 
 
 def main(json_out: bool = False, quick: bool = False, cases: int | None = None, suite: str | None = None,
@@ -36,14 +36,14 @@ def main(json_out: bool = False, quick: bool = False, cases: int | None = None, 
                               "compositions": len(DEFAULT_COMPOSITIONS)}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        one = flakecheck.run_suite(selected, model=loaded, kernels="splitk", out=Path(tmp) / "one", html=False,
+        one = run_suite(selected, model=loaded, kernels="splitk", out=Path(tmp) / "one", html=False,
                                    max_tokens=16 if quick else 64)
         result["one_process_s"] = round(time.perf_counter() - t0, 2)
         result["one_process_rows"] = one.meta["replay_stats"]["rows"]
         _say(json_out, f"one process {result['one_process_s']} s")
         for n in workers:
             t0 = time.perf_counter()
-            run = flakecheck.run_suite(selected, model="smollm2", kernels="splitk", out=Path(tmp) / f"ray{n}",
+            run = run_suite(selected, model="smollm2", kernels="splitk", out=Path(tmp) / f"ray{n}",
                                        html=False, ray="local", workers=n, max_tokens=16 if quick else 64)
             stats = run.meta["replay_stats"]["cluster"]
             result[f"ray_{n}_s"] = round(time.perf_counter() - t0, 2)
@@ -65,7 +65,7 @@ def _suite_alone(path: Path, json_out: bool, cases: int | None) -> dict[str, Any
     suite = load_suite(path).select(limit=cases)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        run = flakecheck.run_suite(suite, kernels="splitk", out=Path(tmp) / "run", html=False, progress=not json_out)
+        run = run_suite(suite, kernels="splitk", out=Path(tmp) / "run", html=False, progress=not json_out)
         seconds = time.perf_counter() - t0
     stats = run.meta["replay_stats"]
     counts = run.cases.status.value_counts().to_dict()

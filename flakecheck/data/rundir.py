@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +282,17 @@ class RunDirectory:
 
     def load(self) -> RunData:
         return load_run(self.path)
+
+
+def default_run_dir(suite_path: Path) -> Path:
+    """reports/<suite stem>-<UTC time>, numbered when a run started in the same second."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base = Path("reports") / f"{suite_path.stem}-{stamp}"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
 
 
 def load_run(path: str | Path, explanation: bool = True) -> RunData:

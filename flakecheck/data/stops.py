@@ -1,6 +1,6 @@
-"""Stop sequences in a replay, applied as an OpenAI-compatible server applies them (`flakecheck serve`, vLLM):
-the answer ends with the token whose text completes the first occurrence of any stop sequence, and its text
-is cut before that occurrence.
+"""Stop sequences as an OpenAI-compatible server applies them (`flakecheck serve`, vLLM), in a server's
+answers and in a replay: the answer ends with the token whose text completes the first occurrence of any stop
+sequence, and its text is cut before that occurrence.
 
 The engine itself stops only at EOS or max_tokens, so a replay generates on and the trace is cut here, after
 the fact. Greedy tokens depend only on the tokens before them, so the cut trace is the one a stopping server
@@ -15,7 +15,6 @@ from dataclasses import replace
 
 from flakecheck.data.suite import Case
 from flakecheck.data.traces import Trace
-from flakecheck.serve.stop import find_stop
 
 
 def stop_length(token_ids: Sequence[int], stops: Sequence[str], decode: Callable[[list[int]], str]) -> int | None:
@@ -50,3 +49,26 @@ def apply_stops(traces: Sequence[Trace], cases: Sequence[Case], decode: Callable
             top2_ids=trace.top2_ids[:keep], top2_logprobs=trace.top2_logprobs[:keep], finish_reason="stop",
             top1_logits=None if trace.top1_logits is None else trace.top1_logits[:keep]))
     return out, texts
+
+
+def find_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Index in `text` where the earliest stop string starts, or None."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(found) if found else None
+
+
+def streamable_length(text: str, stops: Sequence[str], finished: bool) -> int:
+    """How much of an unfinished text may be streamed: not a tail that is the start of a stop string
+    (the next tokens may complete it), nor a trailing replacement character (a UTF-8 sequence whose
+    last bytes come with the next token)."""
+    if finished:
+        return len(text)
+    end = len(text) - max((_partial_stop(text, s) for s in stops), default=0)
+    while end > 0 and text[end - 1] == "\ufffd":
+        end -= 1
+    return end
+
+
+def _partial_stop(text: str, stop: str) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of `stop`."""
+    return next((k for k in range(min(len(stop) - 1, len(text)), 0, -1) if text.endswith(stop[:k])), 0)

@@ -12,6 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+VerdictKey = tuple[str, str, int]  # (case_id, composition, repeat)
+
+
+def run_label(composition: str, repeat: int) -> str:
+    """How a (composition, repeat) is named in tables and reports: `batch8`, `batch8 #1`."""
+    return composition if repeat == 0 else f"{composition} #{repeat}"
+
 
 @dataclass(frozen=True)
 class Trace:

@@ -14,7 +14,8 @@ from flakecheck.engine.prefix_cache import PrefixCache
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels import Ops, get_ops
 
-__all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt"]
+__all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt",
+           "token_texts"]
 
 
 def build_model(model: LoadedModel, ops: Ops) -> LlamaForCausalLM:
@@ -126,5 +127,17 @@ def encode_prompt(model: LoadedModel, prompt: str | list[dict[str, str]]) -> lis
 
 def decode_tokens(model: LoadedModel, token_ids: list[int]) -> str:
     return model.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def token_texts(model: LoadedModel) -> Callable[[int], str]:
+    """One token id -> its text, decoded once per id."""
+    texts: dict[int, str] = {}
+
+    def token_text(token_id: int) -> str:
+        if token_id not in texts:
+            texts[token_id] = model.tokenizer.decode([token_id])
+        return texts[token_id]
+
+    return token_text
 
 

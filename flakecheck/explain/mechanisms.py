@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from flakecheck.analysis.attribution import REDUCTIONS
 from flakecheck.analysis.divergence import first_divergence
 from flakecheck.data.compositions import Composition, Fillers
 from flakecheck.explain.source import Divergence
-from flakecheck.explain.summary import REDUCTIONS
 from flakecheck.explain.targeted import Variant
 from flakecheck.kernels.policy import KernelPolicy
 

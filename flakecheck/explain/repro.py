@@ -25,10 +25,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis.divergence import run_label
 from flakecheck.data.compositions import Composition
 from flakecheck.data.rundir import write_json
 from flakecheck.data.suite import Case
+from flakecheck.data.traces import run_label
 from flakecheck.errors import UserError
 from flakecheck.explain.source import Divergence, RunSource, open_run
 

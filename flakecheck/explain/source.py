@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis.divergence import run_label
 from flakecheck.data.compositions import Composition
 from flakecheck.data.rundir import RunData, load_run
 from flakecheck.data.suite import Suite, load_suite
+from flakecheck.data.traces import run_label
 from flakecheck.engine import LoadedModel
 from flakecheck.errors import UserError
 from flakecheck.kernels.policy import KernelPolicy

@@ -19,9 +19,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from flakecheck.analysis.divergence import run_label
 from flakecheck.data.compositions import Composition
-from flakecheck.data.traces import Trace
+from flakecheck.data.traces import Trace, run_label
 from flakecheck.engine import LoadedModel
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.explain.source import RunSource

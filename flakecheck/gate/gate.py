@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -40,71 +39,18 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from flakecheck.analysis.score_swing import ScoreSwing, score_swing, swing_sentence
+from flakecheck.analysis.score_swing import score_swing, swing_sentence
 from flakecheck.console import output_console
 from flakecheck.data.rundir import RunData, atomic_write_text, load_run
 from flakecheck.errors import UserError
 from flakecheck.gate.junit import write_junit
 from flakecheck.gate.markdown import gate_markdown, score_swing_line
 from flakecheck.gate.quarantine import QuarantineEntry, load_quarantine
+from flakecheck.gate.result import CaseOutcome, GateResult, GateSettings
 from flakecheck.reports.facts import DIVERGED, RunFacts, gather
 
 # Rates are compared with a little slack so "no worse than the baseline" holds for equal counts.
 RATE_EPSILON = 1e-9
-
-
-@dataclass
-class GateSettings:
-    max_flaky_rate: float
-    max_verdict_flips: int
-    fail_on_new_fragile: bool = False
-    rate_from_baseline: bool = False
-    flips_from_baseline: bool = False
-    max_score_swing: float | None = None  # percentage points; None: not gated
-    max_flip_probability: float | None = None  # on each case's interval's upper bound; None: not gated
-    max_score_std: float | None = None  # percentage points, over the draws; None: not gated
-
-
-@dataclass
-class CaseOutcome:
-    """One case's result: `fail` (fails the gate), `flaky` (diverged, tolerated), `quarantined`, `pass`."""
-
-    case: dict[str, Any]
-    outcome: str
-    reasons: list[str] = field(default_factory=list)
-    baseline_status: str | None = None
-    quarantine: QuarantineEntry | None = None
-
-    @property
-    def case_id(self) -> str:
-        return str(self.case["case_id"])
-
-
-@dataclass
-class GateResult:
-    facts: RunFacts
-    settings: GateSettings
-    failures: list[str]
-    outcomes: list[CaseOutcome]
-    flaky_rate: float
-    n_judged: int
-    n_flaky: int
-    n_verdict_flips: int
-    new_divergent: list[str]
-    new_fragile: list[str]
-    expired: list[QuarantineEntry]
-    unknown_quarantined: list[str]
-    baseline: Path | None
-    score: ScoreSwing
-    notes: list[str] = field(default_factory=list)
-    score_std_pp: float | None = None  # over the draws, quarantined cases left out
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def with_outcome(self, outcome: str) -> list[CaseOutcome]:
-        return [o for o in self.outcomes if o.outcome == outcome]
 
 
 def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | None,

@@ -13,12 +13,10 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flakecheck.data.rundir import atomic_write_bytes
-
-if TYPE_CHECKING:
-    from flakecheck.gate.gate import CaseOutcome, GateResult
+from flakecheck.gate.result import CaseOutcome, GateResult
 
 # XML 1.0 cannot carry most control characters, whatever the escaping; model output may contain them.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")

@@ -4,14 +4,10 @@ the case lists collapsed in <details>, every list capped so the text stays far b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from flakecheck.analysis.score_swing import swing_sentence
 from flakecheck.data.rundir import STATUSES
+from flakecheck.gate.result import GateResult
 from flakecheck.reports.markdown import md_text, risk_table
-
-if TYPE_CHECKING:
-    from flakecheck.gate.gate import GateResult
 
 MAX_ROWS = 50
 MAX_CHARS = 100_000

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -176,3 +177,20 @@ def _triton_version() -> str | None:
     except ImportError:
         return None
     return str(triton.__version__)
+
+
+def flakecheck_version() -> str:
+    """The installed flakecheck's version (pyproject.toml is its one source)."""
+    try:
+        return importlib.metadata.version("flakecheck")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+        return "0+unknown"
+
+
+def software_versions() -> dict[str, str | None]:
+    """The versions meta.json records beside the machine: flakecheck, torch, Triton, transformers, Python."""
+    import torch
+    import transformers
+
+    return {"flakecheck": flakecheck_version(), "torch": torch.__version__, "triton": _triton_version(),
+            "transformers": transformers.__version__, "python": platform.python_version()}

@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
-import flakecheck
 from flakecheck.kernels.paths import CHOICES, KernelPaths
 from flakecheck.kernels.plan import FIXED
 from flakecheck.kernels.policy import KV_SPLIT_SIZE, KernelPolicy, matmul_order
 from flakecheck.kernels.profiles import MAX_ROW_SPLITS, get_profile
 from flakecheck.machine import probes
-from flakecheck.machine.fingerprint import MachineFingerprint, current
+from flakecheck.machine.cache import cache_root
+from flakecheck.machine.fingerprint import MachineFingerprint, current, flakecheck_version
 from flakecheck.machine.probes import BLOCK_ROWS, ProbeDims
 
 SPLIT_ATTENTION_SIZES = (64, 192, 256, 512)  # keys a split under splitk: one block, odd blocks, the fixed size, long
@@ -158,8 +158,6 @@ def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: s
 
 
 def cache_dir() -> Path:
-    from flakecheck.engine.loader import cache_root
-
     return cache_root() / "selfcheck"
 
 
@@ -168,7 +166,7 @@ def _cache_key(fingerprint: MachineFingerprint, policy: KernelPolicy, dims: Prob
     from flakecheck.kernels.faults import active
 
     facts = {"fingerprint": fingerprint.to_dict(), "policy": policy.name, "dims": asdict(dims), "dtype": str(dtype),
-             "profile": profile, "flakecheck": flakecheck.__version__, "faults": sorted(active())}
+             "profile": profile, "flakecheck": flakecheck_version(), "faults": sorted(active())}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
 
 

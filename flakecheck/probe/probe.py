@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from flakecheck.analysis.divergence import Thresholds
 from flakecheck.data.input_format import AppliedFormat
-from flakecheck.data.rundir import RunData
+from flakecheck.data.rundir import RunData, default_run_dir
 from flakecheck.data.suite import Suite, load_suite
 from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
@@ -92,8 +92,6 @@ def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = F
 
 def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., ServerClient]) -> _Probe:
     """Everything checked, the server included, before the first byte is written."""
-    from flakecheck.run.engine_source import _default_out
-
     if resume and config.out is None:
         raise UserError("--resume needs --out DIR (the interrupted run directory)")
     suite = load_suite(config.suite).select(list(config.ids) or None, config.limit)
@@ -106,7 +104,7 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
         return await discover(client, config.model, config.isolation, check_prompts(cases))
 
     info = _with_client(config, endpoint, api_key, 4, client_factory, check)
-    out = config.out if config.out is not None else _default_out(suite.path)
+    out = config.out if config.out is not None else default_run_dir(suite.path)
     config = config.with_changes(out=out)
     store = ProbeStore(out)
     store.directory.begin(_fingerprint(config, suite, cases, levels, endpoint, info), resume)
@@ -173,7 +171,7 @@ def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_facto
                   ) -> tuple[list[Trace], dict[tuple[int, ...], str], _Tally]:
     """Every (level, repeat) in turn, each saved as soon as it is done (or read back on --resume).
     Returns the traces, the server's text per token sequence, and the tally."""
-    from flakecheck.analysis.divergence import run_label
+    from flakecheck.data.traces import run_label
     from flakecheck.run.progress import ReplayProgress
 
     config, store = probe.config, probe.store
@@ -235,7 +233,7 @@ def _interruptible(probe: _Probe) -> Iterator[None]:
 
 
 def _saved_message(probe: _Probe, what: str) -> str:
-    from flakecheck.analysis.divergence import run_label
+    from flakecheck.data.traces import run_label
 
     config = probe.config
     work = [(level.name, r) for r in range(config.repeat) for level in probe.levels]

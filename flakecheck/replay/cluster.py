@@ -84,7 +84,6 @@ class ReplayWorker:
     def __init__(self, engine: EngineSettings, threads: int) -> None:
         import torch
 
-        import flakecheck  # noqa: F401 - pins the libraries' settings before the first kernel runs
         from flakecheck.engine import build_model, load_model
         from flakecheck.engine.spec import resolve_engine
         from flakecheck.kernels.policy import parse_policy

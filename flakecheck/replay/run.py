@@ -32,7 +32,7 @@ def replay_runs(model: LoadedModel, config: RunConfig, spec: EngineSpec, cases: 
     cluster) or replayed physically one after the other; each finished one is saved at once in the run
     directory, as is each finished shard (on resume, what was saved is read back instead of replayed).
     Returns the traces in work order, the replay time, and how it replayed."""
-    from flakecheck.analysis.divergence import run_label
+    from flakecheck.data.traces import run_label
 
     mode, why = replay_mode(config, spec)
     info: dict[str, Any] = {"mode": mode, **({"fallback": why} if why else {})}

@@ -11,8 +11,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from flakecheck.analysis.attribution import INTERACTION, LABELS, MECHANISMS, case_summary
 from flakecheck.data.rundir import RunData
-from flakecheck.explain.summary import INTERACTION, LABELS, MECHANISMS, case_summary
 from flakecheck.reports.facts import clean, records
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from flakecheck.analysis.divergence import run_label
 from flakecheck.analysis.flip_kind import FLIP_KINDS
 from flakecheck.analysis.score_swing import ScoreSwing, score_swing
 from flakecheck.data.rundir import CASES_SCHEMA, STATUSES, RunData
+from flakecheck.data.traces import run_label
 from flakecheck.reports.flip_view import FlipView
 
 DIVERGED = ("flaky", "verdict_flaky")

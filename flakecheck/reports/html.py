@@ -21,9 +21,10 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup
 
-from flakecheck.analysis.divergence import first_divergence, run_label
+from flakecheck.analysis.divergence import first_divergence
 from flakecheck.analysis.score_swing import swing_sentence
 from flakecheck.data.rundir import STATUSES, RunData, atomic_write_text
+from flakecheck.data.traces import run_label
 from flakecheck.reports.explanation import explanation, fmt_cost, mechanism_counts, stabilised
 from flakecheck.reports.facts import (
     CONFIDENT_NOTE,

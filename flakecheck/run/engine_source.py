@@ -21,9 +21,8 @@ import contextlib
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +30,10 @@ from flakecheck.analysis.divergence import Thresholds
 from flakecheck.analysis.verdicts import grade_run, memo_decode
 from flakecheck.data.compositions import REFERENCE, Composition, resolve_compositions
 from flakecheck.data.input_format import encode_inputs, has_chat_template, resolve_inputs
-from flakecheck.data.rundir import RunData, RunDirectory, load_run
+from flakecheck.data.rundir import RunData, RunDirectory, default_run_dir, load_run
 from flakecheck.data.stops import apply_stops
 from flakecheck.data.suite import Suite, check_prompt_lengths, load_suite
-from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, load_model
+from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, load_model, token_texts
 from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.grading.external import GraderSpec, grader_spec
@@ -145,7 +144,7 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
         if comp.fillers.count and longest_filler > context:
             raise UserError(f"composition '{comp.name}': fillers of up to {longest_filler} tokens exceed the "
                             f"model's context of {context}")
-    out = config.out if config.out is not None else _default_out(suite_obj.path)
+    out = config.out if config.out is not None else default_run_dir(suite_obj.path)
     config = config.with_changes(out=out)
     directory = RunDirectory(out)
     cluster = _cluster(config) if config.ray is not None else None  # unreachable: exit 2, nothing written
@@ -182,16 +181,6 @@ def _fingerprint(config: RunConfig, suite: Suite, model: LoadedModel, requests: 
             "suite_sha256": suite.sha256, "case_ids": [r.case_id for r in requests]}
 
 
-def _default_out(suite_path: Path) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = Path("reports") / f"{suite_path.stem}-{stamp}"
-    candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
-
-
 def _replay(prepared: PreparedRun, resume: bool, show_progress: bool) -> tuple[list, float, dict[str, Any]]:
     from flakecheck.run.progress import ReplayProgress
 
@@ -219,18 +208,6 @@ def _interruptible(prepared: PreparedRun) -> Iterator[None]:
             f"interrupted: {finished} of {len(work)} compositions{kept} saved in {prepared.directory.partial_dir}; "
             f"continue with (with or without --ray): {config.resume_command(config.out)}"
         ) from None
-
-
-def token_texts(model: LoadedModel) -> Callable[[int], str]:
-    """One token id -> its text, decoded once per id."""
-    texts: dict[int, str] = {}
-
-    def token_text(token_id: int) -> str:
-        if token_id not in texts:
-            texts[token_id] = model.tokenizer.decode([token_id])
-        return texts[token_id]
-
-    return token_text
 
 
 def _meta(prepared: PreparedRun) -> dict[str, Any]:

@@ -3,20 +3,20 @@ server): analyse the traces and write the run directory's tables and meta.json."
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from flakecheck.analysis.divergence import Thresholds, VerdictKey, analyse
+from flakecheck.analysis.divergence import Thresholds, analyse
 from flakecheck.analysis.flip.summary import flip_meta
 from flakecheck.analysis.verdicts import grade_traces
 from flakecheck.data.rundir import RunData, RunDirectory
 from flakecheck.data.suite import Suite
-from flakecheck.data.traces import Trace, traces_digest
+from flakecheck.data.traces import Trace, VerdictKey, traces_digest
 from flakecheck.grading.checks import check_label
+from flakecheck.machine.fingerprint import software_versions
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], re
         "gap_noise": tables.gap_noise,
         "flip": flip,
         "traces_digest": traces_digest(traces),  # equal digests: the same bits
-        "versions": versions(),
+        "versions": software_versions(),
         "timings": timings,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "status": "complete",
@@ -74,19 +74,3 @@ def write_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], re
     })
     directory.finish()
     return directory.load()
-
-
-def versions() -> dict[str, str | None]:
-    import torch
-    import transformers
-
-    import flakecheck
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {"flakecheck": flakecheck.__version__, "torch": torch.__version__, "triton": triton_version,
-            "transformers": transformers.__version__, "python": platform.python_version()}

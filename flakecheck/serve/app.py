@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from fastapi import FastAPI
 
+from flakecheck.machine.fingerprint import flakecheck_version
 from flakecheck.serve.access_log import AccessLog
 from flakecheck.serve.chat import router as chat_router
 from flakecheck.serve.completions import router as completions_router
@@ -56,9 +57,7 @@ def build_app(state: ServerState, access_log: TextIO | None = None) -> FastAPI:
 
     @app.get("/version")
     async def version() -> dict[str, Any]:
-        from flakecheck import __version__
-
-        return {"version": __version__, "server": "flakecheck", "system_fingerprint": state.fingerprint}
+        return {"version": flakecheck_version(), "server": "flakecheck", "system_fingerprint": state.fingerprint}
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:

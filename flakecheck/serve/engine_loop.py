@@ -17,9 +17,9 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from flakecheck.data.stops import find_stop
 from flakecheck.engine import Completion, LLMEngine, Request, SamplingParams
 from flakecheck.serve.batch_stats import BatchStats
-from flakecheck.serve.stop import find_stop
 
 log = logging.getLogger("flakecheck.serve")
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens, load_model
 from flakecheck.engine.spec import EngineSpec, check_settings, parse_kernels, resolve_engine
 from flakecheck.errors import UserError
+from flakecheck.machine.fingerprint import flakecheck_version
 from flakecheck.machine.probes import ProbeDims
 from flakecheck.serve.engine_loop import EngineLoop
 from flakecheck.serve.logprobs import TokenTexts
@@ -82,13 +83,11 @@ def build_state(settings: ServeSettings, loaded: LoadedModel | None = None) -> S
 def system_fingerprint(settings: ServeSettings, loaded: LoadedModel, spec: EngineSpec) -> str:
     """Changes whenever the numerics could: the model, its dtype, the kernel policy, backend and profile, the
     machine (its fingerprint) and the kernel paths verified on it."""
-    from flakecheck import __version__
-
     c = loaded.config
     facts = {
         "model": settings.model, "architecture": c.architecture, "layers": c.num_layers, "hidden": c.hidden_size,
         "vocab": c.vocab_size, "dtype": str(loaded.dtype).removeprefix("torch."), "kernels": spec.policy.name,
-        "backend": spec.backend, "profile": spec.profile, "flakecheck": __version__,
+        "backend": spec.backend, "profile": spec.profile, "flakecheck": flakecheck_version(),
         "machine": spec.machine.digest, "paths": spec.paths.to_dict(),
     }
     return "fp_" + hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:10]

@@ -8,10 +8,10 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from flakecheck.data.stops import streamable_length
 from flakecheck.serve.engine_loop import Update
 from flakecheck.serve.errors import APIError
 from flakecheck.serve.generation import Generation
-from flakecheck.serve.stop import streamable_length
 
 
 def sse(payload: Any) -> str:

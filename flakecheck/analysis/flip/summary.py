@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flakecheck.analysis.divergence import run_label
 from flakecheck.analysis.flip.calibration import auroc, calibrate, spearman
 from flakecheck.analysis.flip.observed import agreement_rates
 from flakecheck.analysis.flip.predict import NoiseModel
 from flakecheck.analysis.flip.score import score_distribution
+from flakecheck.data.traces import run_label
 
 
 def draw_labels(runs: Sequence[Mapping[str, Any]], draws: Sequence[str]) -> list[str]:
