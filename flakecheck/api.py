@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from flakecheck.data.rundir import RunData, load_run
 from flakecheck.explain.explainer import explain_run
-from flakecheck.run.engine_source import RunInterrupted, execute, run_suite
+from flakecheck.run.engine_source import run_suite
+from flakecheck.run.pipeline import RunInterrupted
 
-__all__ = ["RunData", "RunInterrupted", "execute", "explain_run", "load_run", "run_suite"]
+__all__ = ["RunData", "RunInterrupted", "explain_run", "load_run", "run_suite"]

@@ -38,7 +38,7 @@ class Served:
 @contextlib.contextmanager
 def start_server(model: LoadedModel, **settings: Any) -> Iterator[Served]:
     settings = {"model": SERVED_NAME, "max_num_seqs": 16, **settings}
-    state = build_state(ServeSettings(**settings), model)
+    state = build_state(ServeSettings.parse(**settings), model)
     with BackgroundServer(build_app(state)) as url:
         yield Served(url, state)
 

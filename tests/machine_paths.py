@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import conservative, resolve_engine
 from flakecheck.kernels import Ops
 from flakecheck.kernels.paths import KernelPaths
@@ -34,9 +35,9 @@ def paths(*policies: str, dims: ProbeDims = SMOLLM2) -> KernelPaths:
 
 def ops(policy: str, *also: str, profile: str = "h100", dims: ProbeDims = SMOLLM2) -> Ops:
     """The Ops of `policy` on the verified paths (of `also` too, for tests that run their orders)."""
-    return get_ops(policy, "torch", profile, "cpu", paths=paths(policy, *also, dims=dims))
+    return get_ops(parse_policy(policy), "torch", profile, "cpu", paths=paths(policy, *also, dims=dims))
 
 
 def engine_ops(policy: str, config: object, dtype: str = "bfloat16") -> Ops:
     """A model's kernels as a run builds them: the spec resolved for its shapes on this machine."""
-    return resolve_engine(policy, ProbeDims.of(config), dtype=dtype).ops()
+    return resolve_engine(EngineSettings(dtype=dtype, policy=parse_policy(policy)), ProbeDims.of(config)).ops()

@@ -1,5 +1,5 @@
 """Run directories built directly from constructed traces (no model): grading, analysis, the three parquet
-tables and meta.json through flakecheck.run.pipeline.write_run, the writer `flakecheck run` ends with. Fast enough
+tables and meta.json through flakecheck.run.pipeline.finish_run, the writer `flakecheck run` ends with. Fast enough
 for hypothesis.
 
 `run_specs()` draws suites with outputs of 0, 1 and many tokens, empty texts, all-stable, all-flaky and mixed
@@ -15,11 +15,12 @@ from typing import Any
 from hypothesis import strategies as st
 
 from flakecheck.analysis.divergence import Thresholds
+from flakecheck.data.record import Computer
 from flakecheck.data.rundir import RunData, RunDirectory
 from flakecheck.data.suite import Case, Suite
 from flakecheck.data.traces import Trace
 from flakecheck.grading.checks import parse_check
-from flakecheck.run import pipeline as finish
+from flakecheck.run import pipeline
 
 SCRIPT = "<script>alert(1)</script>"
 # Token texts: the empty string (an end-of-turn token decodes to nothing), whitespace, non-ASCII, markup that
@@ -75,12 +76,13 @@ def write_run(path: Path, spec: RunSpec) -> RunData:
     cases = [suite_case(c, i + 1) for i, c in enumerate(spec.cases)]
     traces = [trace(c.case_id, comp, ids, c.gaps)
               for c in spec.cases for comp, ids in zip(spec.compositions, c.outputs)]
-    meta = {"model": "constructed", "dtype": spec.dtype, "policy": "splitk", "backend": "torch", "profile": "h100",
-            "compositions": [{"name": n} for n in spec.compositions], "repeat": 1,
-            "command": "flakecheck run built.jsonl", **spec.meta_extra}
-    return finish.write_run(RunDirectory(path), Suite(Path("built.jsonl"), cases, "0" * 64), traces,
-                            spec.compositions[0], Thresholds(gap_threshold=spec.gap_threshold),
-                            finish.TokenTexts(decode, token_text), meta, {}, draws=spec.draws)
+    source = pipeline.SourceRecord(
+        "engine", "constructed", spec.dtype, Computer("splitk", "torch", "h100", op_orders=("splitk",) * 3),
+        [{"name": n} for n in spec.compositions], "flakecheck run built.jsonl",
+        details={"repeat": 1, **spec.meta_extra})
+    return pipeline.finish_run(RunDirectory(path), Suite(Path("built.jsonl"), cases, "0" * 64), traces,
+                               spec.compositions[0], Thresholds(gap_threshold=spec.gap_threshold),
+                               pipeline.TokenTexts(decode, token_text), source, {}, draws=spec.draws)
 
 
 # ------------------------------------------------------------------------------------------------ strategies

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flakecheck import cli
+from flakecheck.cli import run as cli_run  # the module: the command is cli.run_cli
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, Fillers
 from flakecheck.errors import UserError
-from flakecheck.run import engine_source
 from flakecheck.run.settings import RunConfig
 
 compositions = st.lists(
@@ -30,7 +30,7 @@ compositions = st.lists(
     min_size=1, max_size=4, unique_by=lambda c: c.name,
 )
 configs = st.builds(
-    RunConfig,
+    RunConfig.parse,
     suite=st.sampled_from([Path("s.jsonl"), Path("my suite.jsonl")]),
     model=st.sampled_from(["smollm2", "./dir with space"]),
     dtype=st.sampled_from(["bfloat16", "float32"]),
@@ -52,7 +52,7 @@ configs = st.builds(
 def parsed_by_the_cli(argv: list[str], monkeypatch) -> RunConfig:
     """The RunConfig `flakecheck run` builds from argv (the run itself is not started)."""
     seen: list[RunConfig] = []
-    monkeypatch.setattr(engine_source, "execute", lambda config, **kwargs: seen.append(config) or sys.exit(0))
+    monkeypatch.setattr(cli_run, "execute", lambda config, **kwargs: seen.append(config) or sys.exit(0))
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit):
         cli.main()
@@ -82,12 +82,13 @@ def test_fixed_order_and_resume_commands(config: RunConfig) -> None:
 
 
 def test_thresholds_and_replay_mode_do_not_decide_the_traces() -> None:
-    base = RunConfig(Path("s.jsonl"))
-    same = RunConfig(Path("s.jsonl"), gap_threshold=0.5, gap_window=3, replay="physical", html=False)
+    base = RunConfig.parse(Path("s.jsonl"))
+    same = RunConfig.parse(Path("s.jsonl"), gap_threshold=0.5, gap_window=3, replay="physical", html=False)
     assert base.trace_settings() == same.trace_settings()
-    for changed in (RunConfig(Path("s.jsonl"), kernels="invariant"), RunConfig(Path("s.jsonl"), max_tokens=3),
-                    RunConfig(Path("s.jsonl"), compositions=(Composition("solo"),)),
-                    RunConfig(Path("s.jsonl"), input_format="raw")):
+    for changed in (RunConfig.parse(Path("s.jsonl"), kernels="invariant"),
+                    RunConfig.parse(Path("s.jsonl"), max_tokens=3),
+                    RunConfig.parse(Path("s.jsonl"), compositions=(Composition("solo"),)),
+                    RunConfig.parse(Path("s.jsonl"), input_format="raw")):
         assert changed.trace_settings() != base.trace_settings()
 
 
@@ -99,4 +100,4 @@ def test_thresholds_and_replay_mode_do_not_decide_the_traces() -> None:
 ])
 def test_bad_settings_are_refused_naming_the_option(bad: dict, field: str) -> None:
     with pytest.raises(UserError, match=field):
-        RunConfig(Path("s.jsonl"), **bad)
+        RunConfig.parse(Path("s.jsonl"), **bad)

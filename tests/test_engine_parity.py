@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
+from flakecheck.kernels.policy import parse_policy
 
 TOLERANCE = 1e-4
 DECODE_STEPS = 32
@@ -139,7 +140,7 @@ def test_native_bf16_linear_is_a_bf16_gemm_with_fp32_accumulation(rows: int, wei
     exact = x.double() @ weight.double().T + bias.double()
     rounded = exact.float().to(torch.bfloat16)
     for fast in (True, False):
-        out = get_ops("native", fast_cpu_matmuls=fast).linear(x, weight, bias)
+        out = get_ops(parse_policy("native"), fast_cpu_matmuls=fast).linear(x, weight, bias)
         assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
         ulp = (rounded.double().abs() * 2.0**-7).clamp(min=1e-30)
         assert ((out.double() - rounded.double()).abs() <= ulp).all()

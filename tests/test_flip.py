@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace
 from flakecheck.engine import LoadedModel, load_model
 from flakecheck.errors import UserError
+from flakecheck.explain.source import open_run
 from flakecheck.reports.facts import gather
 from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
 from flakecheck.reports.json_report import render_json
@@ -230,6 +232,27 @@ def test_sampled_run_columns_are_consistent_with_the_traces(tiny_bf16, flip_suit
     report = json.loads(render_json(run))
     assert report["flip_probability"]["calibration"]["n_cases"] == 11
     assert report["flip_probability"]["score"] == score
+
+
+def test_a_run_sampled_from_a_histogram_file_renders_after_the_file_moved(tiny_bf16, flip_suite, tmp_path,
+                                                                          monkeypatch, capsys) -> None:
+    """The run directory records the histogram in full: report, gate and explain's reopening never read the
+    file the --load option named."""
+    histogram = tmp_path / "hist.json"
+    histogram.write_text(json.dumps({"1": 3, "4": 1}))
+    run = flakecheck.run_suite(flip_suite, model=tiny_bf16, kernels="splitk", max_tokens=6, out=tmp_path / "r1",
+                               html=False, compositions=[Composition("solo")], sample=2, load=str(histogram))
+    histogram.rename(tmp_path / "elsewhere.json")
+    for argv in (["report", str(run.path)], ["gate", str(run.path), "--max-flaky-rate", "1",
+                                             "--max-verdict-flips", "99"]):
+        monkeypatch.setattr("sys.argv", ["flakecheck", *argv])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        assert exit_info.value.code == 0, capsys.readouterr().err
+    shutil.copy(flip_suite, tmp_path / "suite-copy.jsonl")
+    source = open_run(run.path, tmp_path / "suite-copy.jsonl")
+    assert source.config.sampling is not None and list(source.config.draws) == run.record.draws
+    assert [c.name for c in source.config.compositions] == list(run.runs.composition.unique())
 
 
 def test_an_invariant_run_observes_no_flip_in_any_case(tiny_bf16, flip_suite, tmp_path) -> None:

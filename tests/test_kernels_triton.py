@@ -94,11 +94,12 @@ def _attention_inputs(dtype: torch.dtype):
 def _run(backend: str, qkv, seqs, split_size: int = 32):
     """Attention of `seqs` with `split_size` keys a split (several splits on a small cache)."""
     from flakecheck.kernels import AttentionLayout, get_ops
+    from flakecheck.kernels.policy import parse_policy
 
     q_all, k, v = qkv
     q = torch.cat([q_all[s, c - n : c] for s, n, c in seqs])
     layout = AttentionLayout.of(seqs, [split_size] * len(seqs))
-    out = get_ops("invariant", backend, device=q.device).attention(q, k, v, layout, 0.25)
+    out = get_ops(parse_policy("invariant"), backend, device=q.device).attention(q, k, v, layout, 0.25)
     return [out[layout.query_starts[i] : layout.query_starts[i + 1]] for i in range(len(seqs))]
 
 
@@ -126,7 +127,8 @@ def test_attention_agrees_with_torch_twin_and_float64(dtype: torch.dtype) -> Non
 
 def test_linear_agrees_with_torch_twin(tk) -> None:
     from flakecheck.kernels import get_ops
+    from flakecheck.kernels.policy import parse_policy
 
     x, w = _rand(9, 128, dtype=torch.float32, seed=12), _rand(64, 128, dtype=torch.float32, seed=13)
-    twin = get_ops("invariant", "torch").linear(x.cpu(), w.cpu())
+    twin = get_ops(parse_policy("invariant"), "torch").linear(x.cpu(), w.cpu())
     assert _rel_err(tk.matmul_persistent(x, w), twin.double()) <= 1e-5

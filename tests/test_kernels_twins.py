@@ -133,7 +133,7 @@ def test_splitk_linear_changes_rows_exactly_where_the_batch_changes_the_split_co
         batched = torch.cat([splitk.linear(x[i : i + 8], w) for i in range(0, 64, 8)])
         assert torch.equal(batched, torch.cat([splitk.linear(x[i : i + 8], w) for i in range(0, 64, 8)]))
         alone = torch.cat([splitk.linear(x[i : i + 1], w) for i in range(64)])
-        if matmul_order(splitk.kernel_policy, 1, n, k, 132) == matmul_order(splitk.kernel_policy, 8, n, k, 132):
+        if matmul_order(splitk.policy, 1, n, k, 132) == matmul_order(splitk.policy, 8, n, k, 132):
             same_plan.append(name)
             assert torch.equal(alone, batched), name
         elif not torch.equal(alone, batched):

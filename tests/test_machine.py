@@ -16,6 +16,7 @@ import torch
 
 import flakecheck
 from flakecheck.engine import LoadedModel, load_model
+from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.kernels.paths import CHOICES, KernelPaths
@@ -120,7 +121,7 @@ def test_the_fault_really_breaks_simulated_replay(tiny) -> None:
     dims = ProbeDims.of(tiny.config)
     os.environ["FLAKECHECK_FAULT"] = "split_matmul:batched"
     try:
-        ops = get_ops("splitk", "torch")
+        ops = get_ops(parse_policy("splitk"), "torch")
     finally:
         del os.environ["FLAKECHECK_FAULT"]
     n, k = dims.projections[0]
@@ -128,7 +129,7 @@ def test_the_fault_really_breaks_simulated_replay(tiny) -> None:
     weights = ops.prepare_linear(probes.packable_weight(gen, n, k, torch.bfloat16))
     x = probes.random(gen, probes.BLOCK_ROWS, k, dtype=torch.bfloat16)
     assert probes.linear_rows(ops, weights, 2, x) > 0
-    assert probes.linear_rows(get_ops("splitk", "torch"), weights, 2, x) == 0
+    assert probes.linear_rows(get_ops(parse_policy("splitk"), "torch"), weights, 2, x) == 0
 
 
 def test_kernels_check_reports_the_failure_and_exits_1(monkeypatch, capsys) -> None:
@@ -155,7 +156,7 @@ FALLBACKS = [KernelPaths(fbgemm="off", fixed_matmul=p) for p in CHOICES["fixed_m
 @pytest.mark.parametrize("paths", FALLBACKS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.fallbacks().items()))
 @pytest.mark.parametrize("policy", ["invariant", "splitk"])
 def test_every_fallback_path_passes_the_self_check_probes(policy: str, paths: KernelPaths) -> None:
-    ops = get_ops(policy, "torch", paths=paths)
+    ops = get_ops(parse_policy(policy), "torch", paths=paths)
     dims, gen = MEDIUM, torch.Generator().manual_seed(3)
     for name in paths.fallbacks():
         if name in ("fixed_matmul", "split_matmul"):
@@ -186,12 +187,12 @@ def test_fallback_paths_compute_the_same_math(paths: KernelPaths) -> None:
     w = torch.randn(960, 576, generator=gen) * 576**-0.5
     exact = (x.double() @ w.double().t())
     for policy, order in (("invariant", 0), ("splitk", 3)):
-        ops = get_ops(policy, "torch", paths=paths)
+        ops = get_ops(parse_policy(policy), "torch", paths=paths)
         got = ops.linear(x, ops.prepare_linear(w), groups=((order, slice(None)),)).double()
         assert (got - exact).abs().max() < 1e-4
     logits = torch.randn(5, 3000, generator=gen) * 4
     for order in (0, 2):
-        got = get_ops("splitk", "torch", paths=paths).log_softmax(logits, groups=((order, slice(None)),))
+        got = get_ops(parse_policy("splitk"), "torch", paths=paths).log_softmax(logits, groups=((order, slice(None)),))
         assert (got.double() - torch.log_softmax(logits.double(), -1)).abs().max() < 1e-4
 
 
@@ -247,8 +248,8 @@ def test_the_self_check_holds_under_every_isa_setting(setting: dict[str, str], t
 
 def test_resolve_engine_reads_its_verdict_from_the_cache(tiny) -> None:
     dims = ProbeDims.of(tiny.config)
-    first = resolve_engine("splitk", dims)
-    again = resolve_engine("splitk", dims)
+    first = resolve_engine(EngineSettings(), dims)
+    again = resolve_engine(EngineSettings(), dims)
     assert again.verification.cached and again.paths == first.paths
     assert again.machine == first.machine
     fresh = verify(parse_policy("splitk"), dims, torch.bfloat16, use_cache=False)

@@ -287,7 +287,7 @@ def test_report_and_gate_read_a_probe_run(fake, tmp_path: Path, capfd) -> None:
 
 
 def test_ctrl_c_keeps_the_finished_levels_and_resume_finishes(fake, tmp_path: Path, monkeypatch) -> None:
-    from flakecheck.probe import ProbeInterrupted
+    from flakecheck.run.pipeline import RunInterrupted
     from flakecheck.run.progress import ReplayProgress
 
     url, _, record = fake
@@ -301,7 +301,7 @@ def test_ctrl_c_keeps_the_finished_levels_and_resume_finishes(fake, tmp_path: Pa
         original(self, trace)
 
     monkeypatch.setattr(ReplayProgress, "case_done", interrupt_in_c8)
-    with pytest.raises(ProbeInterrupted, match="1 of 2 load levels") as info:
+    with pytest.raises(RunInterrupted, match="1 of 2 load levels") as info:
         probe_suite(config)
     assert f"--out {out}" in str(info.value) and str(info.value).endswith("--resume")
     assert (out / "partial" / "c1.r0.parquet").is_file() and not (out / "partial" / "c8.r0.parquet").exists()

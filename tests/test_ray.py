@@ -116,7 +116,7 @@ def test_ctrl_c_keeps_finished_shards_and_resume_works_without_ray(tiny_wide_mod
 
     monkeypatch.setattr(cluster_module.Cluster, "run", interrupted)
     out = tmp_path / "ray"
-    with pytest.raises(flakecheck.run.engine_source.RunInterrupted) as stop:
+    with pytest.raises(flakecheck.api.RunInterrupted) as stop:
         _run(tiny_wide_model_dir, suite, out, "splitk", ray="local", workers=2)
     assert "finished shards" in str(stop.value) and "--resume" in str(stop.value)
     assert len(list((out / "partial" / "shards").glob("*.parquet"))) == 2

@@ -122,10 +122,11 @@ def test_next_command_follows_policy_and_divergence(splitk_report_run, tight_inv
 
 
 def test_invariant_rerun_replaces_kernels_and_drops_the_run_directory(splitk_report_run) -> None:
-    recorded = RunConfig(Path("my suite.jsonl"), kernels="splitk", out=Path("reports/x"), limit=3,
-                         compositions=(Composition("solo"), Composition("b4", max_batch=4, chunk=16)))
+    recorded = RunConfig.parse(Path("my suite.jsonl"), kernels="splitk", out=Path("reports/x"), limit=3,
+                               compositions=(Composition("solo"), Composition("b4", max_batch=4, chunk=16)))
     facts = gather(splitk_report_run)
-    facts = dataclasses.replace(facts, meta={**facts.meta, "config": recorded.to_dict()})
+    facts = dataclasses.replace(facts, record=dataclasses.replace(
+        facts.record, fixed_order_command=recorded.fixed_order_command()))
     argv = shlex.split(invariant_rerun(facts))
     assert argv[:3] == ["flakecheck", "run", "my suite.jsonl"]
     assert argv.count("--kernels") == 1 and argv[argv.index("--kernels") + 1] == "invariant"

@@ -24,7 +24,7 @@ LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (?P<method>[A-Z]+) (
 
 def test_one_line_per_request_with_what_the_response_said_and_nothing_secret(serve_model) -> None:
     log = io.StringIO()
-    state = build_state(ServeSettings(model=SERVED_NAME, kernels="invariant", max_num_seqs=4), serve_model)
+    state = build_state(ServeSettings.parse(model=SERVED_NAME, kernels="invariant", max_num_seqs=4), serve_model)
     headers = {"Authorization": f"Bearer {SECRET}"}
     chat = {"model": SERVED_NAME, "messages": [{"role": "user", "content": MARKER}], "max_tokens": 5}
     with BackgroundServer(build_app(state, log)) as url, httpx.Client(base_url=url, timeout=60,

@@ -16,10 +16,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
 from flakecheck.engine.loader import LoadedModel
+from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
+from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.machine.probes import ProbeDims
 
 QUESTIONS = [
@@ -86,8 +89,6 @@ def time_hf(hf_model: Any, pad_id: int, prompts: list[list[int]], batch: int, ma
 
 def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16") -> dict[str, Any]:
     """Tokens per second of both sides at every batch size; the two sides alternate round by round."""
-    from transformers import AutoModelForCausalLM
-
     threads = os.environ.get("FLAKECHECK_BENCH_THREADS")
     if threads:  # both sides share the process, hence the thread count
         torch.set_num_threads(int(threads))
@@ -95,7 +96,7 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16") -> dic
     prompts = chat_prompts(model, workload.num_prompts)
     start = time.perf_counter()
     # the native kernels on the paths chosen for this machine (its CPU's bf16 instructions, if any)
-    kernels = resolve_engine("native", ProbeDims.of(model.config))
+    kernels = resolve_engine(EngineSettings(spec, dtype, KernelPolicy.of("native")), ProbeDims.of(model.config))
     engine = LLMEngine(model, kernels.ops())
     engine_setup_s = time.perf_counter() - start
     start = time.perf_counter()

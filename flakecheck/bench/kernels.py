@@ -23,6 +23,7 @@ from flakecheck.engine.llm_engine import build_model
 from flakecheck.engine.loader import LoadedModel, load_model
 from flakecheck.engine.model_runner import ModelRunner
 from flakecheck.engine.sequence import SamplingParams, Sequence
+from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.kernels import AttentionLayout, Ops
 from flakecheck.kernels.policy import KernelPolicy
@@ -36,14 +37,15 @@ def main(json_out: bool = False, quick: bool = False) -> None:
     batch_sizes, repeats = ((1, 16), 2) if quick else ((1, 16, 64), 5)
     torch.manual_seed(0)
     loaded = load_model("smollm2", "bfloat16")
-    specs = {policy: resolve_engine(policy, ProbeDims.of(loaded.config), backend="torch") for policy in POLICIES}
+    specs = {policy: resolve_engine(EngineSettings(policy=KernelPolicy.of(policy), backend="torch"),
+                                    ProbeDims.of(loaded.config)) for policy in POLICIES}
     ops = {policy: spec.ops() for policy, spec in specs.items()}
     models = {policy: build_model(loaded, o) for policy, o in ops.items()}
     fp32_bytes = _fp32_copy_bytes(models["splitk"])
     results: dict[str, dict[str, dict[str, float]]] = {}
     for batch in batch_sizes:
         cases = _op_cases(loaded, batch)
-        cases["decode_step"] = lambda o, b=batch: engine_step(models[o.policy], loaded, b)
+        cases["decode_step"] = lambda o, b=batch: engine_step(models[o.policy.name], loaded, b)
         for name, make in cases.items():
             timings = interleaved({p: make(ops[p]) for p in POLICIES}, repeats)
             results.setdefault(f"batch_{batch}", {})[name] = timings

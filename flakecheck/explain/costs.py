@@ -21,6 +21,7 @@ import time
 from dataclasses import replace
 from statistics import geometric_mean
 
+from flakecheck.bench.kernels import engine_step, interleaved
 from flakecheck.data.compositions import arrival_order
 from flakecheck.engine import LLMEngine, LoadedModel, Request, SamplingParams
 from flakecheck.engine.models import LlamaForCausalLM
@@ -32,8 +33,6 @@ PREFIX_SAMPLE = 16  # prompts prefilled twice to price the prefix cache (a seria
 
 def measure_costs(source: RunSource, model: LoadedModel, network: LlamaForCausalLM,
                   repeats: int = 3) -> dict[str, Cost]:
-    from flakecheck.bench.kernels import engine_step, interleaved
-
     compositions = [c for c, r in source.work if r == 0]
     batches = sorted({1} | {c.max_batch for c in compositions})
     kernel_fixes = [f for f in FIXES if f.kernels and replace(source.policy, **f.kernels) != source.policy]
@@ -90,8 +89,6 @@ def _prefix_cost(source: RunSource, model: LoadedModel, network: LlamaForCausalL
 
 
 def _chunk_cost(source: RunSource, model: LoadedModel, network: LlamaForCausalLM, chunk: int, repeats: int) -> Cost:
-    from flakecheck.bench.kernels import engine_step, interleaved
-
     longest = max(len(r.prompt_ids) for r in source.requests)
     if longest <= chunk:
         return Cost(1.0, f"no prompt is longer than the {chunk}-token chunk: nothing is split")

@@ -19,11 +19,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from flakecheck.analysis.attribution import case_summary
 from flakecheck.analysis.verdicts import memo_decode
 from flakecheck.data.rundir import RunData, RunDirectory, with_explanation
 from flakecheck.engine import LoadedModel, build_model, decode_tokens, load_model, token_texts
 from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.spec import resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.explain.costs import measure_costs
 from flakecheck.explain.fixes import evaluate_fixes, fix_rows, plan_fixes
@@ -32,7 +35,9 @@ from flakecheck.explain.source import Divergence, RunSource, open_run, with_requ
 from flakecheck.explain.targeted import Replays, Variant
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S, GraderSpec, grader_spec
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.replay.cluster import Cluster, ClusterSettings, EngineSettings
+from flakecheck.machine.probes import ProbeDims
+from flakecheck.replay.cluster import Cluster, ClusterSettings
+from flakecheck.reports.html import write_html
 
 DEFAULT_STEPS_AFTER = 4
 
@@ -65,7 +70,7 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
     fix_table: list[dict[str, Any]] | None = None
     if divergences:
         t0 = time.perf_counter()
-        loaded = model if model is not None else load_model(source.config.model, source.config.dtype)
+        loaded = model if model is not None else load_model(source.config.engine.model, source.config.engine.dtype)
         with_requests(source, loaded)
         mechanism_pairs = {d.case_id: pairs(d, source.reference, source.policy) for d in divergences}
         explain_replays, fix_replays = Replays(source), Replays(source)
@@ -102,8 +107,6 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
     directory.write_explain(attribution, fix_table, info)
     run = with_explanation(source.run)
     if directory.html_path.is_file():
-        from flakecheck.reports.html import write_html
-
         write_html(run, directory.html_path)
     return run
 
@@ -138,10 +141,7 @@ def _other_policies(source: RunSource, replays: list[Replays]) -> list[KernelPol
 
 def _cluster(source: RunSource, replays: list[Replays], settings: ClusterSettings) -> Cluster:
     """Actors that build the run's engine with every other policy the replays plan with."""
-    config = source.config
-    engine = EngineSettings(config.model, config.dtype, config.kernels.name, config.backend, config.profile,
-                            tuple(p.name for p in _other_policies(source, replays)))
-    cluster = Cluster(settings, engine)
+    cluster = Cluster(settings, source.config.engine, tuple(_other_policies(source, replays)))
     cluster.start()
     return cluster
 
@@ -149,17 +149,10 @@ def _cluster(source: RunSource, replays: list[Replays], settings: ClusterSetting
 def _network(source: RunSource, model: LoadedModel, replays: list[Replays]) -> LlamaForCausalLM:
     """The run's kernels on the model, on the paths this machine verified (explain replays here, perhaps on
     another machine than the run's), its weights prepared for every other policy a replay plans with."""
-    from flakecheck.engine.spec import resolve_engine
-    from flakecheck.machine.probes import ProbeDims
-
     others = tuple(_other_policies(source, replays))
-    config = source.config
-    spec = resolve_engine(config.kernels, ProbeDims.of(model.config), backend=config.backend, profile=config.profile,
-                          dtype=config.dtype, also=others)
+    spec = resolve_engine(source.config.engine, ProbeDims.of(model.config), also=others)
     recorded = (source.run.meta.get("engine") or {}).get("machine")
     if recorded and recorded != spec.machine.to_dict():
-        from rich.console import Console
-
         Console(stderr=True).print(f"[yellow]warning: explain replays on {spec.machine.describe()}, not on the "
                                    "machine that made the run: a replay can differ from the recorded tokens[/yellow]")
     return build_model(model, spec.ops(also_plans=others))

@@ -22,6 +22,7 @@ import re
 import shlex
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +123,8 @@ def _fill(path: Path, source: RunSource, d: Divergence) -> None:
     (path / SUITE).write_text("".join(_suite_line(lines, by_id[i]) + "\n" for i in case_ids), encoding="utf-8")
     (path / COMPOSITIONS).write_text("".join(json.dumps(c.to_dict()) + "\n" for c in (reference, d.composition)))
     config = source.config.with_changes(
-        suite=Path(SUITE), compositions=(reference, d.composition), repeat=d.repeat + 1, ids=(), limit=None,
-        out=None, html=False, grader=(), model=_model_spec(source))
+        suite=Path(SUITE), named=(reference, d.composition), sampling=None, repeat=d.repeat + 1, ids=(), limit=None,
+        out=None, html=False, grader=(), engine=replace(source.config.engine, model=_model_spec(source)))
     argv = _without_compositions(config.argv()) + ["--compositions", COMPOSITIONS, "--quiet"]
     texts = source.run.cases.set_index("case_id").loc[d.case_id]
     expected = {
@@ -161,7 +162,7 @@ def _suite_line(lines: list[str], case: Case) -> str:
 
 def _model_spec(source: RunSource) -> str:
     """The model as the run named it; a local path made absolute, so the script runs from anywhere."""
-    spec = source.config.model
+    spec = source.config.engine.model
     return str(Path(spec).resolve()) if Path(spec).exists() else spec
 
 
@@ -183,7 +184,7 @@ def probe_command(source: RunSource, d: Divergence, endpoint: str = "http://127.
     c = d.composition
     argv = ["flakecheck", "probe", SUITE, "--endpoint", endpoint, "--concurrency",
             "1" if c.max_batch == 1 else f"1,{c.max_batch}", "--max-tokens", str(source.config.max_tokens),
-            "--dtype", source.config.dtype]
+            "--dtype", source.config.engine.dtype]
     if c.fillers.count:
         argv += ["--fillers", str(c.fillers.count)]
     if c.prefix_cache:
@@ -206,8 +207,8 @@ def _readme(source: RunSource, d: Divergence, expected: dict[str, Any], probe: s
 
 Recorded in {source.run.path.resolve()}: under composition {expected['label']!r} the case first diverges from the
 reference {source.reference.name!r} at generated token {d.step}: {expected['ref_token']!r} (reference) ->
-{expected['alt_token']!r} ({expected['label']}). Model {source.config.model}, {source.config.dtype}, kernels
-{source.config.kernels.name}.
+{expected['alt_token']!r} ({expected['label']}). Model {source.config.engine.model}, {source.config.engine.dtype},
+kernels {source.config.policy.name}.
 
 Run (from any directory; needs flakecheck installed, e.g. its virtual environment's python):
 

@@ -23,6 +23,7 @@ from flakecheck.engine import LoadedModel
 from flakecheck.errors import UserError
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay import CaseRequest
+from flakecheck.run.engine_source import case_requests
 from flakecheck.run.settings import RunConfig
 
 DIVERGED = ("flaky", "verdict_flaky")
@@ -54,7 +55,7 @@ class RunSource:
 
     @property
     def reference(self) -> Composition:
-        return self.config.compositions[0]
+        return self.config.named[0]
 
     @property
     def work(self) -> list[tuple[Composition, int]]:
@@ -101,7 +102,7 @@ def open_run(run_dir: str | Path, suite: str | Path | None = None) -> RunSource:
         config = RunConfig.from_dict(meta["config"])
     except (TypeError, ValueError, UserError) as exc:
         raise UserError(f"{where}: field 'config' does not describe a run: {exc}") from None
-    policy = config.kernels
+    policy = config.policy
     if policy.physical:
         raise UserError(f"{where}: kernels {policy.name!r} include the framework's own (native) kernels, whose "
                         "results depend on the physical batch: explain replays mechanisms one at a time in a "
@@ -127,8 +128,6 @@ def open_run(run_dir: str | Path, suite: str | Path | None = None) -> RunSource:
 
 def with_requests(source: RunSource, model: LoadedModel) -> RunSource:
     """The source with every case's prompt token ids, as the run encoded them for `model`."""
-    from flakecheck.run.engine_source import case_requests
-
     source.requests = case_requests(source.config, source.suite, model)
     return source
 

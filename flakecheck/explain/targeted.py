@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace, run_label
@@ -25,12 +25,11 @@ from flakecheck.engine import LoadedModel
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.explain.source import RunSource
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.replay.cluster import Cluster
+from flakecheck.replay.run import SHARDS_PER_WORKER
+from flakecheck.replay.shards import Shard, Unit, balance, case_rows, plan_shards
 from flakecheck.replay.simulated import Job, Simulation
-
-if TYPE_CHECKING:
-    from flakecheck.replay.cluster import Cluster
-    from flakecheck.replay.shards import Shard
-    from flakecheck.run.progress import ReplayProgress
+from flakecheck.run.progress import ReplayProgress
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,6 @@ class Replays:
     def run(self, model: LoadedModel, network: LlamaForCausalLM, progress: bool = False,
             cluster: Cluster | None = None) -> ReplayStats:
         """Every needed variant that the run did not record, in one lockstep (or in shards on `cluster`)."""
-        from flakecheck.run.progress import ReplayProgress
-
         if not self.wanted:
             return self.stats
         jobs: list[tuple[tuple[Any, ...], Job]] = []
@@ -136,11 +133,6 @@ class Replays:
                     bar: ReplayProgress) -> dict[tuple[str, str], Trace | None]:
         """The jobs in shards on the cluster's actors: a batched variant is one unit (its cases are batch-mates),
         a serial one a unit per case (alone in every step); packed by predicted rows."""
-        from dataclasses import asdict
-
-        from flakecheck.replay.run import SHARDS_PER_WORKER
-        from flakecheck.replay.shards import Unit, balance, case_rows, plan_shards
-
         requests = {r.case_id: r for r in self.source.requests}
 
         def rows(case_id: str) -> int:

@@ -39,6 +39,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from flakecheck.analysis.flip.score import score_distribution
 from flakecheck.analysis.score_swing import score_swing, swing_sentence
 from flakecheck.console import output_console
 from flakecheck.data.rundir import RunData, atomic_write_text, load_run
@@ -130,7 +131,7 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         if max_verdict_flips is None:
             settings.max_verdict_flips = base_flips
             settings.flips_from_baseline = True
-        if base_facts.meta.get("suite_sha256") != facts.meta.get("suite_sha256"):
+        if base_facts.record.suite_sha256 != facts.record.suite_sha256:
             notes.append("the baseline was run on a different suite file (suite_sha256 differs); "
                          "cases are matched by id")
         missing = sorted(set(base_status) - {str(c["case_id"]) for c in facts.cases})
@@ -199,9 +200,7 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
 
 def _score_std(facts: RunFacts, quarantined: set[str]) -> float | None:
     """The score's standard deviation over the run's draws in percentage points, quarantined cases left out."""
-    from flakecheck.analysis.flip.score import score_distribution
-
-    draws = set((facts.meta.get("flip") or {}).get("draws") or [])
+    draws = set(facts.record.draws)
     labels = [label for label in facts.run_labels if label.split(" #")[0] in draws]
     if not labels:
         return None

@@ -36,7 +36,7 @@ def junit_tree(result: GateResult) -> ET.ElementTree:
                       failures=str(counts["fail"]), errors="0", skipped=str(counts["quarantined"]))
     suite = ET.SubElement(root, "testsuite", name=xml_text(suite_name), tests=str(len(result.outcomes)),
                           failures=str(counts["fail"]), errors="0", skipped=str(counts["quarantined"]),
-                          time="0", timestamp=xml_text(facts.meta.get("created_at", "")))
+                          time="0", timestamp=xml_text(facts.record.created_at))
     props = ET.SubElement(suite, "properties")
     for name, value in (("model", facts.model), ("dtype", facts.dtype), ("policy", facts.policy),
                         ("backend", facts.backend), ("profile", facts.profile),

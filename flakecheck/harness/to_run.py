@@ -1,6 +1,6 @@
 """Two or more runs of one task as a run directory: the logs are the compositions (the first, or
 --reference, is the reference), a sample's epochs its repeats, the harness's own verdicts the verdicts; the
-shared analysis (flakecheck.run.pipeline.write_run) finds first divergences, statuses, score swing and flip kinds.
+shared analysis (flakecheck.run.pipeline.finish_run) finds first divergences, statuses, score swing and flip kinds.
 
 A sample becomes a case only when every log has it, unerrored, with the request the reference sent (the same
 messages or prompt, max_tokens and stop); every other sample is listed with the reason, in the warnings and
@@ -9,7 +9,6 @@ target, which is renamed into place only when complete: an error or Ctrl-C leave
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import tempfile
@@ -19,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from flakecheck.analysis.divergence import Thresholds
-from flakecheck.data.rundir import RunData, RunDirectory, load_run
+from flakecheck.data.record import Computer
+from flakecheck.data.rundir import RunData, load_run
 from flakecheck.data.suite import Suite, load_suite
 from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
@@ -28,7 +28,7 @@ from flakecheck.harness.scorers import ScorerMapping
 from flakecheck.harness.to_suite import case_line, replayable, write_suite
 from flakecheck.harness.traces import sample_trace
 from flakecheck.probe.vocab import Vocab
-from flakecheck.run.pipeline import TokenTexts, write_run
+from flakecheck.run.pipeline import SourceRecord, TokenTexts, finish_run, open_run_directory, render_report
 
 
 @dataclass
@@ -148,17 +148,14 @@ def write_import_run(plan: ImportPlan, mapping: ScorerMapping, out: Path, *, sui
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
         suite = _suite(lines, work, suite_out or Path(f"{ref.task}.jsonl"))
-        directory = RunDirectory(work / "run")
-        directory.begin({"source": "import", "logs": [str(log.path) for log in plan.logs]}, resume=False)
+        directory = open_run_directory(suite, work / "run", False,
+                                       {"source": "import", "logs": [str(log.path) for log in plan.logs]})
         decode_units = TokenTexts(lambda ids: texts[tuple(ids)] if tuple(ids) in texts else vocab.decode(ids),
                                   vocab.text)
-        meta = _meta(plan, mapping, units, dtype, command, reader)
-        run = write_run(directory, suite, traces, plan.names[0], thresholds, decode_units, meta, {}, verdicts)
-        noise = run.meta["gap_noise"]  # measured on logprobs: none when every case compares by text (NaN)
-        run.meta["gap_noise"] = noise if isinstance(noise, float) and math.isfinite(noise) else None
-        for case in run.meta["cases"]:
-            case["metadata"]["divergence_by"] = units[case["case_id"]]
-        directory.write_meta(run.meta)
+        # gap noise is measured on logprobs: none (null) when every case compares by text
+        finish_run(directory, suite, traces, plan.names[0], thresholds, decode_units,
+                   _record(plan, mapping, units, dtype, command, reader), {}, verdicts,
+                   case_notes={case_id: {"divergence_by": unit} for case_id, unit in units.items()})
         if suite_out is not None:
             write_suite(suite_out, lines)
         if out.is_dir():
@@ -167,12 +164,7 @@ def write_import_run(plan: ImportPlan, mapping: ScorerMapping, out: Path, *, sui
     finally:
         shutil.rmtree(work, ignore_errors=True)
     loaded = load_run(out)
-    if html:  # as `flakecheck run`: the run directory is complete first; a report that fails costs only itself
-        from flakecheck.reports.finished import write_report_html
-
-        report_error = write_report_html(loaded, out / RunDirectory.HTML)
-        if report_error is not None:
-            raise report_error
+    render_report(loaded, html)  # as `flakecheck run`: the run directory is complete first
     return loaded
 
 
@@ -189,31 +181,25 @@ def _suite(lines: list[dict[str, Any]], work: Path, path: Path) -> Suite:
     return replace(load_suite(staged), path=path)
 
 
-def _meta(plan: ImportPlan, mapping: ScorerMapping, units: dict[str, str], dtype: str | None, command: str,
-          reader: str) -> dict[str, Any]:
+def _record(plan: ImportPlan, mapping: ScorerMapping, units: dict[str, str], dtype: str | None, command: str,
+            reader: str) -> SourceRecord:
     ref = plan.logs[0]
-    by = sorted(set(units.values()))
-    return {
-        "source": "import",
-        "command": command,
-        "model": ref.model,
-        **({"dtype": dtype} if dtype else {}),
-        "policy": "server",
-        "backend": f"{ref.harness} logs, divergence by {' and '.join(by)}",
-        "profile": "n/a",
-        "max_tokens": None,
-        "repeat": max(log.epochs for log in plan.logs),
-        "compositions": [
-            {"name": name, "log": str(log.path), "harness": log.harness, "task": log.task, "model": log.model,
-             "concurrency": log.concurrency, "epochs": log.epochs, "created": log.created, "status": log.status}
-            for name, log in zip(plan.names, plan.logs)
-        ],
-        "device": {"type": "server", "endpoint": "unknown (imported logs)"},
-        "import": {
-            "harness": ref.harness, "task": ref.task, "reader": reader, "reference": plan.names[0],
-            "logs": [str(log.path) for log in plan.logs], "versions": ref.versions,
-            "scorer": mapping.to_dict(), "other_scorers": ref.other_scorers,
-            "divergence_by": {unit: sum(u == unit for u in units.values()) for unit in ("token", "text")},
-            "skipped": plan.skipped, "warnings": plan.warnings + [w for log in plan.logs for w in log.warnings],
-        },
+    by = " and ".join(sorted(set(units.values())))
+    compositions = [
+        {"name": name, "log": str(log.path), "harness": log.harness, "task": log.task, "model": log.model,
+         "concurrency": log.concurrency, "epochs": log.epochs, "created": log.created, "status": log.status}
+        for name, log in zip(plan.names, plan.logs)
+    ]
+    imported = {
+        "harness": ref.harness, "task": ref.task, "reader": reader, "reference": plan.names[0],
+        "logs": [str(log.path) for log in plan.logs], "versions": ref.versions,
+        "scorer": mapping.to_dict(), "other_scorers": ref.other_scorers,
+        "divergence_by": {unit: sum(u == unit for u in units.values()) for unit in ("token", "text")},
+        "skipped": plan.skipped, "warnings": plan.warnings + [w for log in plan.logs for w in log.warnings],
     }
+    return SourceRecord(
+        source="import", model=ref.model, dtype=dtype, computer=Computer.server(f"{ref.harness} logs, divergence "
+                                                                                f"by {by}"),
+        compositions=compositions, command=command,
+        details={"max_tokens": None, "repeat": max(log.epochs for log in plan.logs),
+                 "device": {"type": "server", "endpoint": "unknown (imported logs)"}, "import": imported})

@@ -38,8 +38,7 @@ class Backend(Protocol):
 class Ops:
     def __init__(self, policy: KernelPolicy, backend: Backend, profile: str | None = None,
                  matmul_orders: frozenset[str] = frozenset()) -> None:
-        self.kernel_policy, self.executor = policy, backend
-        self.policy, self.backend = policy.name, backend.name
+        self.policy, self.executor = policy, backend
         self.profile = profile
         self.sms = get_profile(profile).sms
         # the matmul orders the weights are prepared for: the policy's own, and any other policy's a
@@ -54,7 +53,7 @@ class Ops:
 
     def plan_step(self, shape: StepShape, dims: ModelDims, policy: KernelPolicy | None = None) -> StepPlan:
         """The step's plan under this Ops' policy, or another whose matmul orders the weights are prepared for."""
-        policy = policy or self.kernel_policy
+        policy = policy or self.policy
         if policy.matmul not in self.matmul_orders:
             raise ValueError(f"weights are not prepared for {policy.matmul} matmuls")
         return plan_step(policy, shape, dims, self.sms)
@@ -72,7 +71,7 @@ class Ops:
             w = self.prepare_linear(w, bias)
         if groups is None:
             n, k = w.shape
-            groups = ((matmul_order(self.kernel_policy, x.shape[0], n, k, self.sms), slice(None)),)
+            groups = ((matmul_order(self.policy, x.shape[0], n, k, self.sms), slice(None)),)
         return by_groups(x, groups, lambda rows, order: self.executor.linear(rows, w, order))
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, groups: Groups | None = None) -> torch.Tensor:
@@ -80,13 +79,13 @@ class Ops:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         if groups is None:
-            groups = ((norm_order(self.kernel_policy, flat.shape[0], self.sms), slice(None)),)
+            groups = ((norm_order(self.policy, flat.shape[0], self.sms), slice(None)),)
         return by_groups(flat, groups, lambda rows, order: self.executor.rmsnorm(rows, weight, eps, order)).view(shape)
 
     def log_softmax(self, logits: torch.Tensor, groups: Groups | None = None) -> torch.Tensor:
         """fp32 log-softmax over the last dimension (the vocabulary)."""
         if groups is None:
-            groups = ((norm_order(self.kernel_policy, logits.numel() // logits.shape[-1], self.sms), slice(None)),)
+            groups = ((norm_order(self.policy, logits.numel() // logits.shape[-1], self.sms), slice(None)),)
         return by_groups(logits, groups, lambda rows, order: self.executor.log_softmax(rows, order),
                          dtype=torch.float32)
 
@@ -99,7 +98,7 @@ class Ops:
             if layout.kv_splits is None:
                 shape = StepShape(tuple(layout.query_len(i) for i in range(layout.num_seqs)),
                                   tuple(layout.context_lens), 0)
-                split = attention_split(self.kernel_policy, shape, k_cache.shape[2], self.sms)
+                split = attention_split(self.policy, shape, k_cache.shape[2], self.sms)
                 layout = AttentionLayout(layout.slots, layout.query_starts, layout.context_lens,
                                          [split] * layout.num_seqs)
             meta = self.attention_meta(layout, q.shape[1] // k_cache.shape[2], q.device)

@@ -27,6 +27,11 @@ class KernelPolicy:
     attention: str = "invariant"
     norm: str = "invariant"
 
+    @classmethod
+    def of(cls, order: str) -> KernelPolicy:
+        """One order for every op class: `splitk`, `invariant` or `native`."""
+        return cls(order, order, order)
+
     @property
     def name(self) -> str:
         """`splitk` when every class follows it, else the per-class spelling."""
@@ -45,7 +50,7 @@ def parse_policy(spec: str) -> KernelPolicy:
     """`splitk`, `invariant`, `native`, or `class=order,...` over matmul, attention, norm. ValueError if bad."""
     text = spec.strip()
     if text in ORDERS:
-        return KernelPolicy(text, text, text)
+        return KernelPolicy.of(text)
     orders: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = (p.strip() for p in part.partition("="))

@@ -2,43 +2,50 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from flakecheck.kernels.ops import Ops
 from flakecheck.kernels.paths import FAST, KernelPaths
-from flakecheck.kernels.policy import ORDERS, KernelPolicy, parse_policy
+from flakecheck.kernels.policy import ORDERS, KernelPolicy
 from flakecheck.kernels.profiles import get_profile
+from flakecheck.kernels.torch_backend import TorchBackend
 
 POLICIES = ORDERS  # the whole-model policies: splitk, invariant, native
 BACKENDS = ("auto", "torch", "triton")
+DTYPES = ("bfloat16", "float16", "float32")  # the model dtypes: torch's names (getattr(torch, name))
+
+
+def triton_runs_on(device: torch.device | str) -> bool:
+    """Whether the Triton kernels can run on `device`: a GPU, or the CPU under TRITON_INTERPRET=1 (slow; for
+    tests on small shapes)."""
+    return torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def resolve_backend(backend: str, device: torch.device | str) -> str:
-    """`auto` means Triton on CUDA and the torch twins on CPU."""
+    """`auto` means Triton on CUDA and the torch twins on CPU. ValueError naming the choices."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
         return "triton" if torch.device(device).type == "cuda" else "torch"
+    if backend == "triton" and not triton_runs_on(device):
+        raise ValueError("the Triton kernels run on a GPU (on CPU only under TRITON_INTERPRET=1, slow; meant for "
+                         "small tests): use --backend torch or auto here")
     return backend
 
 
-def get_ops(policy: str | KernelPolicy = "native", backend: str = "auto", profile: str = "h100",
+def get_ops(policy: KernelPolicy, backend: str = "auto", profile: str = "h100",
             device: torch.device | str = "cpu", fast_cpu_matmuls: bool = True,
-            also_plans: tuple[str | KernelPolicy, ...] = (), paths: KernelPaths = FAST) -> Ops:
-    """The Ops of a policy (`splitk`, `invariant`, `native` or `matmul=splitk,attention=...`, or parsed);
-    `also_plans`: other policies whose steps the same weights must run (one mechanism at a time); `paths`:
-    the implementation of each primitive (the machine's self-check chooses them; the torch backend's).
-    ValueError naming the choices on a bad policy, backend or profile."""
-    parsed = policy if isinstance(policy, KernelPolicy) else parse_policy(policy)
-    orders = frozenset((p if isinstance(p, KernelPolicy) else parse_policy(p)).matmul for p in also_plans)
+            also_plans: tuple[KernelPolicy, ...] = (), paths: KernelPaths = FAST) -> Ops:
+    """The Ops of a policy; `also_plans`: other policies whose steps the same weights must run (one mechanism
+    at a time); `paths`: the implementation of each primitive (the machine's self-check chooses them; the
+    torch backend's). ValueError naming the choices on a bad backend or profile."""
     get_profile(profile)
-    resolved = resolve_backend(backend, device)
-    if parsed.name == "native":
-        resolved = "torch"  # the framework's own kernels: nothing of Triton's
+    resolved = "torch" if policy.name == "native" else resolve_backend(backend, device)  # native: no Triton
+    orders = frozenset(p.matmul for p in also_plans)
     if resolved == "triton":
-        from flakecheck.kernels.triton_backend import TritonBackend
+        from flakecheck.kernels.triton_backend import TritonBackend  # imports triton, absent on some machines
 
-        return Ops(parsed, TritonBackend(), profile, orders)
-    from flakecheck.kernels.torch_backend import TorchBackend
-
-    return Ops(parsed, TorchBackend(fast_cpu_matmuls, paths), profile, orders)
+        return Ops(policy, TritonBackend(), profile, orders)
+    return Ops(policy, TorchBackend(fast_cpu_matmuls, paths), profile, orders)

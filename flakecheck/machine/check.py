@@ -21,24 +21,27 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from flakecheck.errors import UserError
 from flakecheck.kernels.ops import Ops
 from flakecheck.kernels.paths import FAST
-from flakecheck.kernels.policy import parse_policy
-from flakecheck.kernels.registry import BACKENDS, POLICIES, get_ops
+from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.registry import DTYPES, POLICIES, get_ops, resolve_backend
 from flakecheck.machine import probes
 from flakecheck.machine.probes import BLOCK_ROWS, SMOLLM2
 from flakecheck.machine.selfcheck import Verification, verify
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 VERIFIED = ("invariant", "splitk")
 
 
 def check_command(device: str = "cpu", dtype: str = "bfloat16", backend: str = "auto", json_out: bool = False,
                   fresh: bool = False) -> int:
-    torch_dtype = _parse(device, dtype, backend)
-    verdicts = {p: verify(parse_policy(p), SMOLLM2, torch_dtype, use_cache=not fresh) for p in VERIFIED}
+    _check(device, dtype, backend)
+    torch_dtype = getattr(torch, dtype)
+    verdicts = {p: verify(KernelPolicy.of(p), SMOLLM2, torch_dtype, use_cache=not fresh) for p in VERIFIED}
     results = run_matrix(torch.device(device), torch_dtype, backend, verdicts)
     fingerprint = verdicts["invariant"].fingerprint
     if json_out:
@@ -51,18 +54,18 @@ def check_command(device: str = "cpu", dtype: str = "bfloat16", backend: str = "
     return 1 if failed or verdicts["invariant"].refused else 0
 
 
-def _parse(device: str, dtype: str, backend: str) -> torch.dtype:
+def _check(device: str, dtype: str, backend: str) -> None:
+    """UserError (exit 2) naming the first bad option."""
     if device not in ("cpu", "cuda"):
         raise UserError(f"unknown device {device!r}; choose cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available here")
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    if backend not in BACKENDS:
-        raise UserError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "triton" and device == "cpu":
-        raise UserError("--backend triton needs --device cuda (on CPU the torch twins run the same orders)")
-    return DTYPES[dtype]
+    try:
+        resolve_backend(backend, device)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def run_matrix(device: torch.device, dtype: torch.dtype, backend: str,
@@ -73,7 +76,7 @@ def run_matrix(device: torch.device, dtype: torch.dtype, backend: str,
     results = []
     for policy in POLICIES:
         paths = verdicts[policy].paths if policy in verdicts else FAST
-        ops = get_ops(policy, backend, "h100", device, paths=paths)
+        ops = get_ops(KernelPolicy.of(policy), backend, "h100", device, paths=paths)
         for (op, check), probe in checks.items():
             diff = probe(ops)
             results.append({"policy": policy, "op": op, "check": check, "invariant": diff == 0.0,
@@ -106,10 +109,6 @@ def _checks(gen: torch.Generator, dtype: torch.dtype) -> dict[tuple[str, str], C
 
 def _print(results: list[dict[str, Any]], device: str, dtype: str, backend: str,
            verdicts: dict[str, Verification]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     table = Table(title=f"kernel invariance probes — device {device}, dtype {dtype}, backend {backend}")
     table.add_column("op")
     table.add_column("check")

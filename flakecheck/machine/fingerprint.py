@@ -5,6 +5,9 @@ the thread count and the reproducibility settings in force (read back from the l
 environment alone). Two machines with equal fingerprints run the same kernels; the self-check's verdicts
 are cached under it (flakecheck.machine.selfcheck), and a Ray cluster refuses to mix workers whose
 fingerprints differ.
+
+Importable before torch loads (the package imports it before pinning the libraries' settings): torch and
+Triton are imported inside the functions that read them.
 """
 
 from __future__ import annotations

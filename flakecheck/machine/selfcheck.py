@@ -29,10 +29,12 @@ from typing import Any
 
 import torch
 
+from flakecheck.kernels.faults import active
 from flakecheck.kernels.paths import CHOICES, KernelPaths
 from flakecheck.kernels.plan import FIXED
 from flakecheck.kernels.policy import KV_SPLIT_SIZE, KernelPolicy, matmul_order
 from flakecheck.kernels.profiles import MAX_ROW_SPLITS, get_profile
+from flakecheck.kernels.registry import get_ops
 from flakecheck.machine import probes
 from flakecheck.machine.cache import cache_root
 from flakecheck.machine.fingerprint import MachineFingerprint, current, flakecheck_version
@@ -146,10 +148,8 @@ def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: s
         except (OSError, ValueError, KeyError, TypeError):
             pass  # a damaged cache entry is made again
     if make_ops is None:
-        from flakecheck.kernels.registry import get_ops
-
         def make_ops(paths: KernelPaths) -> Any:
-            return get_ops(policy.name, "torch", profile, "cpu", paths=paths)
+            return get_ops(policy, "torch", profile, "cpu", paths=paths)
 
     result = run_checks(_Context(policy, dims, dtype, get_profile(profile).sms, make_ops), fingerprint)
     if use_cache:
@@ -163,8 +163,6 @@ def cache_dir() -> Path:
 
 def _cache_key(fingerprint: MachineFingerprint, policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype,
                profile: str) -> str:
-    from flakecheck.kernels.faults import active
-
     facts = {"fingerprint": fingerprint.to_dict(), "policy": policy.name, "dims": asdict(dims), "dtype": str(dtype),
              "profile": profile, "flakecheck": flakecheck_version(), "faults": sorted(active())}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]

@@ -4,7 +4,7 @@
     run = probe_suite(ProbeConfig("suites/demo.jsonl", "http://127.0.0.1:8000", concurrency=(1, 8)))
 """
 
-from flakecheck.probe.probe import ProbeFailed, ProbeInterrupted, probe_suite
+from flakecheck.probe.probe import ProbeFailed, probe_suite
 from flakecheck.probe.settings import ProbeConfig
 
-__all__ = ["ProbeConfig", "ProbeFailed", "ProbeInterrupted", "probe_suite"]
+__all__ = ["ProbeConfig", "ProbeFailed", "probe_suite"]

@@ -9,19 +9,19 @@ finished levels kept, and the message names the failed cases (see flakecheck.pro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from flakecheck.analysis.divergence import Thresholds
 from flakecheck.data.input_format import AppliedFormat
-from flakecheck.data.rundir import RunData, default_run_dir
+from flakecheck.data.record import Computer
+from flakecheck.data.rundir import RunData
 from flakecheck.data.suite import Suite, load_suite
-from flakecheck.data.traces import Trace
+from flakecheck.data.traces import Trace, run_label
 from flakecheck.errors import UserError
 from flakecheck.probe.bodies import CasePrompt, case_prompts
 from flakecheck.probe.client import ClientStats, ServerClient
@@ -34,17 +34,22 @@ from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
 from flakecheck.probe.settings import ProbeConfig
 from flakecheck.probe.store import ProbeStore
 from flakecheck.probe.vocab import Vocab
-from flakecheck.run.pipeline import TokenTexts, write_run
+from flakecheck.run.pipeline import (
+    SourceRecord,
+    TokenTexts,
+    finish_run,
+    interruptible,
+    open_run_directory,
+    render_report,
+    saved_message,
+)
+from flakecheck.run.progress import ReplayProgress
 
 T = TypeVar("T")
 
 
 # what meta.json keeps of each load level (filler failures: that level ran under less load than asked)
 LEVEL_FIELDS = ("seconds", "fillers_sent", "fillers_failed", "filler_errors")
-
-
-class ProbeInterrupted(Exception):
-    """Ctrl-C during a probe: finished levels are saved; the message says how to resume."""
 
 
 class ProbeFailed(UserError):
@@ -74,26 +79,20 @@ def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = F
         traces, texts, tally = _probe_levels(probe, resume, progress, client_factory)
         timings["replay_s"] = tally.seconds
         vocab = tally.vocab
-        run = write_run(probe.store.directory, probe.suite, traces, REFERENCE,
-                        Thresholds(config.gap_threshold, config.gap_window),
-                        TokenTexts(lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text),
-                        _meta(probe, tally), timings,
-                        # every level above the reference, each repeat, is one draw of the server's load
-                        draws=[level.name for level in probe.levels if level.name != REFERENCE])
-    if config.html:
-        from flakecheck.reports.html import write_html
-
-        write_html(run, probe.store.directory.html_path)
-    timings["total_s"] = time.perf_counter() - started
-    run.meta["timings"] = timings
-    probe.store.directory.write_meta(run.meta)
+        run = finish_run(probe.store.directory, probe.suite, traces, REFERENCE,
+                         Thresholds(config.gap_threshold, config.gap_window),
+                         TokenTexts(lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text),
+                         _record(probe, tally), timings,
+                         # every level above the reference, each repeat, is one draw of the server's load
+                         draws=[level.name for level in probe.levels if level.name != REFERENCE], started=started)
+    render_report(run, config.html)
     return run
 
 
 def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., ServerClient]) -> _Probe:
     """Everything checked, the server included, before the first byte is written."""
     if resume and config.out is None:
-        raise UserError("--resume needs --out DIR (the interrupted run directory)")
+        raise UserError("--resume needs --out DIR (the interrupted run directory)")  # before asking the server
     suite = load_suite(config.suite).select(list(config.ids) or None, config.limit)
     api_key = _api_key(config.api_key_env)
     endpoint = Endpoint.parse(config.endpoint)
@@ -104,11 +103,10 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
         return await discover(client, config.model, config.isolation, check_prompts(cases))
 
     info = _with_client(config, endpoint, api_key, 4, client_factory, check)
-    out = config.out if config.out is not None else default_run_dir(suite.path)
-    config = config.with_changes(out=out)
-    store = ProbeStore(out)
-    store.directory.begin(_fingerprint(config, suite, cases, levels, endpoint, info), resume)
-    return _Probe(config, suite, cases, applied, levels, endpoint, api_key, info, store)
+    directory = open_run_directory(suite, config.out, resume, _fingerprint(config, suite, cases, levels, endpoint,
+                                                                            info))
+    config = config.with_changes(out=directory.path)
+    return _Probe(config, suite, cases, applied, levels, endpoint, api_key, info, ProbeStore(directory.path))
 
 
 def _api_key(variable: str | None) -> str | None:
@@ -171,9 +169,6 @@ def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_facto
                   ) -> tuple[list[Trace], dict[tuple[int, ...], str], _Tally]:
     """Every (level, repeat) in turn, each saved as soon as it is done (or read back on --resume).
     Returns the traces, the server's text per token sequence, and the tally."""
-    from flakecheck.data.traces import run_label
-    from flakecheck.run.progress import ReplayProgress
-
     config, store = probe.config, probe.store
     tally = _Tally(store.load_vocab() if resume else Vocab())
     work = [(level, r) for r in range(config.repeat) for level in probe.levels]
@@ -223,50 +218,43 @@ def _run_one_level(probe: _Probe, level: LoadLevel, repeat: int, vocab: Vocab, o
         raise ProbeFailed(f"{exc}. {_saved_message(probe, 'stopped')}") from None
 
 
-@contextlib.contextmanager
-def _interruptible(probe: _Probe) -> Iterator[None]:
-    """Ctrl-C becomes a ProbeInterrupted that says what was saved and how to continue."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        raise ProbeInterrupted(_saved_message(probe, "interrupted")) from None
+def _work(probe: _Probe) -> list[tuple[str, int]]:
+    return [(level.name, r) for r in range(probe.config.repeat) for level in probe.levels]
+
+
+def _interruptible(probe: _Probe) -> Any:
+    work = _work(probe)
+    return interruptible(probe.store.directory, work, _unit(work), probe.config.resume_command(probe.store.path))
+
+
+def _unit(work: list[tuple[str, int]]) -> str:
+    return f"load levels ({', '.join(run_label(n, r) for n, r in work)})"
 
 
 def _saved_message(probe: _Probe, what: str) -> str:
-    from flakecheck.data.traces import run_label
-
-    config = probe.config
-    work = [(level.name, r) for r in range(config.repeat) for level in probe.levels]
-    finished = probe.store.directory.n_saved(work)
-    assert config.out is not None
-    names = ", ".join(run_label(n, r) for n, r in work)
-    return (f"{what}: {finished} of {len(work)} load levels ({names}) saved in {probe.store.directory.partial_dir}; "
-            f"continue with: {config.resume_command(config.out)}")
+    work = _work(probe)
+    return saved_message(probe.store.directory, work, _unit(work), probe.config.resume_command(probe.store.path),
+                         what)
 
 
-def _meta(probe: _Probe, tally: _Tally) -> dict[str, Any]:
+def _record(probe: _Probe, tally: _Tally) -> SourceRecord:
     config, info = probe.config, probe.info
     n_chat = sum(c.api == "chat" for c in probe.cases)
-    return {
-        "source": "probe",
-        "config": config.to_dict(),
-        "command": config.command(),
-        "model": info.model,
-        **({"dtype": config.dtype} if config.dtype else {}),  # a server does not report it: only when --dtype says
-        "policy": "server",
-        "backend": probe.endpoint.public,  # the reports' header reads "kernels server (<endpoint>, ...)"
-        "profile": "n/a",
-        "max_tokens": config.max_tokens,
-        "repeat": config.repeat,
-        "compositions": [level.to_dict() for level in probe.levels],
-        "input_format": probe.input_format.to_dict(),
-        "server": {
-            "endpoint": probe.endpoint.public, "model": info.model, "models_listed": info.models,
-            "version": info.version, "system_fingerprints": sorted(tally.fingerprints),
-            "token_ids": info.token_ids, "return_tokens_as_token_ids": info.options.token_ids,
-            "isolation": config.isolation, "api": {"chat": n_chat, "completions": len(probe.cases) - n_chat},
-            "requests": tally.requests, "attempts": tally.attempts, "retried": tally.retried,
-            "failed_attempts": tally.failed_attempts, "levels": tally.levels,
-        },
-        "device": {"type": "server", "endpoint": probe.endpoint.public},
-    }
+    return SourceRecord(
+        source="probe", model=info.model,
+        dtype=config.dtype,  # a server does not report it: only when --dtype says
+        computer=Computer.server(probe.endpoint.public),  # the reports' header reads "kernels server (<endpoint>)"
+        compositions=[level.to_dict() for level in probe.levels], command=config.command(),
+        details={
+            "config": config.to_dict(), "max_tokens": config.max_tokens, "repeat": config.repeat,
+            "input_format": probe.input_format.to_dict(),
+            "server": {
+                "endpoint": probe.endpoint.public, "model": info.model, "models_listed": info.models,
+                "version": info.version, "system_fingerprints": sorted(tally.fingerprints),
+                "token_ids": info.token_ids, "return_tokens_as_token_ids": info.options.token_ids,
+                "isolation": config.isolation, "api": {"chat": n_chat, "completions": len(probe.cases) - n_chat},
+                "requests": tally.requests, "attempts": tally.attempts, "retried": tally.retried,
+                "failed_attempts": tally.failed_attempts, "levels": tally.levels,
+            },
+            "device": {"type": "server", "endpoint": probe.endpoint.public},
+        })

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from flakecheck.analysis.flip_kind import dtype_name
 from flakecheck.errors import UserError
 from flakecheck.probe.bodies import APIS, ISOLATIONS
 from flakecheck.probe.endpoint import Endpoint
@@ -50,8 +51,6 @@ class ProbeConfig:
         if self.api is not None and self.api not in APIS:
             raise UserError(f"--api must be one of {', '.join(APIS)}, got {self.api!r}")
         if self.dtype is not None:
-            from flakecheck.analysis.flip_kind import dtype_name
-
             try:
                 object.__setattr__(self, "dtype", dtype_name(self.dtype))
             except ValueError as exc:

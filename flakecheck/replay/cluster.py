@@ -20,11 +20,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import torch
 
+from flakecheck.data.rundir import TRACE_SCHEMA
 from flakecheck.data.traces import Trace
+from flakecheck.engine import build_model, load_model
+from flakecheck.engine.settings import EngineSettings
+from flakecheck.engine.spec import resolve_engine
 from flakecheck.errors import UserError
+from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.machine.pinning import PINS
+from flakecheck.machine.probes import ProbeDims
 from flakecheck.replay.requests import CaseRequest
 from flakecheck.replay.shards import Shard
+from flakecheck.replay.simulated import Simulation
 
 LOCAL = "local"
 TRACE_FIELDS = ("case_id", "composition", "repeat", "token_ids", "top1_ids", "top1_logprobs", "top2_ids",
@@ -37,18 +46,6 @@ class ClusterSettings:
     workers: int = 2
     cpus_per_worker: int | None = None  # None: the cluster's CPUs shared out evenly
     allow_mixed_devices: bool = False
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """What every actor builds: the model and the engine spec's settings (each verifies them itself)."""
-
-    model: str
-    dtype: str
-    kernels: str
-    backend: str
-    profile: str
-    also: tuple[str, ...] = ()  # other policies a job may plan with (explain's one-class policies)
 
 
 @dataclass
@@ -64,8 +61,6 @@ class ClusterStats:
 
 
 def traces_to_ipc(traces: Sequence[Trace]) -> bytes:
-    from flakecheck.data.rundir import TRACE_SCHEMA
-
     table = pa.Table.from_pylist([vars(t) for t in traces], schema=TRACE_SCHEMA)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -81,19 +76,10 @@ def traces_from_ipc(data: bytes) -> list[Trace]:
 class ReplayWorker:
     """A Ray actor (made remote in `Cluster.start`): the model once, then shard after shard."""
 
-    def __init__(self, engine: EngineSettings, threads: int) -> None:
-        import torch
-
-        from flakecheck.engine import build_model, load_model
-        from flakecheck.engine.spec import resolve_engine
-        from flakecheck.kernels.policy import parse_policy
-        from flakecheck.machine.probes import ProbeDims
-
+    def __init__(self, engine: EngineSettings, also: tuple[KernelPolicy, ...], threads: int) -> None:
         torch.set_num_threads(threads)
         self.loaded = load_model(engine.model, engine.dtype)
-        also = tuple(parse_policy(name) for name in engine.also)
-        self.spec = resolve_engine(engine.kernels, ProbeDims.of(self.loaded.config), backend=engine.backend,
-                                   profile=engine.profile, dtype=engine.dtype, also=also)
+        self.spec = resolve_engine(engine, ProbeDims.of(self.loaded.config), also=also)
         self.network = build_model(self.loaded, self.spec.ops(also_plans=also))
 
     def describe(self) -> dict[str, Any]:
@@ -105,8 +91,6 @@ class ReplayWorker:
             windows: dict[str, int] | None = None) -> tuple[bytes, int]:
         """The shard's traces (Arrow IPC) and the rows its lockstep computed; each finished case is put on
         `progress` (a Ray queue) as (case id, tokens). `windows`: only those cases' first tokens (explain)."""
-        from flakecheck.replay.simulated import Simulation
-
         traces: list[Trace] = []
 
         def done(trace: Trace) -> None:
@@ -122,8 +106,10 @@ class ReplayWorker:
 class Cluster:
     """The driver's handle on the actors: start, run shards, stop (always, also on Ctrl-C)."""
 
-    def __init__(self, settings: ClusterSettings, engine: EngineSettings) -> None:
-        self.settings, self.engine = settings, engine
+    def __init__(self, settings: ClusterSettings, engine: EngineSettings, also: tuple[KernelPolicy, ...] = ()) -> None:
+        """`engine`: what every actor builds (each verifies it on its own machine); `also`: other policies a
+        job may plan with (explain's one-class policies)."""
+        self.settings, self.engine, self.also = settings, engine, also
         self.actors: list[Any] = []
         self.stats = ClusterStats()
         self._started_local = False
@@ -138,8 +124,6 @@ class Cluster:
             raise UserError("--ray needs Ray: pip install 'flakecheck[ray]' (or pip install ray)") from None
         self._ray = ray
         s = self.settings
-        from flakecheck.machine.pinning import PINS
-
         env = {k: os.environ[k] for k in (*PINS, "FLAKECHECK_PIN", "FLAKECHECK_FAULT", "FLAKECHECK_CACHE",
                                           "HF_HUB_OFFLINE") if k in os.environ}
         _reachable(s.address)
@@ -156,7 +140,7 @@ class Cluster:
             raise UserError(f"--ray {s.address}: cannot reach the Ray cluster ({type(exc).__name__}: {exc})") from None
         cpus = s.cpus_per_worker or max(1, int(ray.cluster_resources().get("CPU", s.workers)) // s.workers)
         remote = ray.remote(num_cpus=cpus, max_restarts=0, max_task_retries=0)(ReplayWorker)
-        self.actors = [remote.remote(self.engine, cpus) for _ in range(s.workers)]
+        self.actors = [remote.remote(self.engine, self.also, cpus) for _ in range(s.workers)]
         try:
             described = ray.get([a.describe.remote() for a in self.actors])
         except Exception as exc:  # noqa: BLE001 - an actor that cannot build the engine (a refused policy...)
@@ -176,7 +160,7 @@ class Cluster:
         each finished case as it happens. `on_dispatch(actor index, shard, actor pid)` is for tests; `windows`
         asks for only some cases' first tokens (see flakecheck.replay.simulated.Simulation)."""
         ray = self._ray
-        from ray.util.queue import Queue
+        from ray.util.queue import Queue  # Ray is optional (flakecheck[ray]): loaded with --ray only
 
         started = time.perf_counter()
         queue = Queue()

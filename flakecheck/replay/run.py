@@ -5,36 +5,40 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict
+from typing import Any, Protocol
 
 from flakecheck.data.compositions import Composition
-from flakecheck.data.traces import Trace
+from flakecheck.data.rundir import RunDirectory
+from flakecheck.data.traces import Trace, run_label
 from flakecheck.engine import LLMEngine, LoadedModel, build_model
+from flakecheck.engine.spec import EngineSpec
+from flakecheck.replay.cluster import Cluster
 from flakecheck.replay.physical import replay
 from flakecheck.replay.requests import CaseRequest
+from flakecheck.replay.shards import Shard, balance, plan_shards, plan_units
+from flakecheck.replay.simulated import RunTraces, simulate
 
 SHARDS_PER_WORKER = 4  # shards a cluster's actor gets on average: finer balance, less lost with an actor
 
-if TYPE_CHECKING:
-    from flakecheck.data.rundir import RunDirectory
-    from flakecheck.engine.spec import EngineSpec
-    from flakecheck.replay.cluster import Cluster
-    from flakecheck.replay.shards import Shard
-    from flakecheck.replay.simulated import RunTraces
-    from flakecheck.run.progress import ReplayProgress
-    from flakecheck.run.settings import RunConfig
+
+class Progress(Protocol):
+    """What a replay reports as it goes (a progress bar)."""
+
+    def start(self, label: str) -> None: ...
+    def skip(self, label: str, cases: int) -> None: ...
+    def case_done(self, trace: Trace) -> None: ...
+    def tokens_done(self, tokens: int) -> None: ...
 
 
-def replay_runs(model: LoadedModel, config: RunConfig, spec: EngineSpec, cases: Sequence[CaseRequest],
+def replay_runs(model: LoadedModel, replay_setting: str, spec: EngineSpec, cases: Sequence[CaseRequest],
                 work: Sequence[tuple[Composition, int]], directory: RunDirectory, resume: bool,
-                bar: ReplayProgress, cluster: Cluster | None = None) -> tuple[list[Trace], float, dict[str, Any]]:
+                bar: Progress, cluster: Cluster | None = None) -> tuple[list[Trace], float, dict[str, Any]]:
     """Every (composition, repeat) of a run — simulated together (in this process, or in shards on a Ray
     cluster) or replayed physically one after the other; each finished one is saved at once in the run
     directory, as is each finished shard (on resume, what was saved is read back instead of replayed).
     Returns the traces in work order, the replay time, and how it replayed."""
-    from flakecheck.data.traces import run_label
-
-    mode, why = replay_mode(config, spec)
+    mode, why = replay_mode(replay_setting, spec)
     info: dict[str, Any] = {"mode": mode, **({"fallback": why} if why else {})}
     progress = _Runs(work, cases, directory)
     if resume:
@@ -45,8 +49,6 @@ def replay_runs(model: LoadedModel, config: RunConfig, spec: EngineSpec, cases: 
     if todo and mode == "simulated" and cluster is not None:
         info.update(_on_cluster(cluster, cases, todo, progress, bar))
     elif todo and mode == "simulated":
-        from flakecheck.replay.simulated import simulate
-
         def finished_run(run: RunTraces) -> None:
             progress.add(run.ordered())
 
@@ -65,12 +67,8 @@ def replay_runs(model: LoadedModel, config: RunConfig, spec: EngineSpec, cases: 
 
 
 def _on_cluster(cluster: Cluster, cases: Sequence[CaseRequest], todo: list[tuple[Composition, int]], progress: _Runs,
-                bar: ReplayProgress) -> dict[str, Any]:
+                bar: Progress) -> dict[str, Any]:
     """The remaining work in shards on the cluster's actors (what a saved shard already holds is not redone)."""
-    from dataclasses import asdict
-
-    from flakecheck.replay.shards import balance, plan_shards, plan_units
-
     units = [u for u in plan_units(cases, todo) if not progress.covers(u.jobs)]
     shards = plan_shards(units, SHARDS_PER_WORKER * max(1, len(cluster.actors)))
     bar.start(f"{len(shards)} shards")
@@ -129,11 +127,11 @@ class _Runs:
         return [self.traces[(c.name, r)][case] for c, r in self.work for case in self.case_ids]
 
 
-def replay_mode(config: RunConfig, spec: EngineSpec) -> tuple[str, str | None]:
+def replay_mode(replay_setting: str, spec: EngineSpec) -> tuple[str, str | None]:
     """How a run's compositions are replayed — simulated together unless asked for physical replay, the
     kernels are the framework's own (their bits depend on the physical batch), or this machine's self-check
     found a primitive whose rows depend on what shares the call — and why it fell back, if it did."""
-    if config.replay == "physical" or config.kernels.physical:
+    if replay_setting == "physical" or spec.policy.physical:
         return "physical", None
     if not spec.verification.simulated:
         failed = ", ".join(spec.verification.failed)

@@ -29,10 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.markup import escape
+from rich.table import Table
 
+from flakecheck.analysis.flip.calibration import calibrate
+from flakecheck.console import output_console
+from flakecheck.data.record import RunRecord
 from flakecheck.data.rundir import RunData, load_run
 from flakecheck.errors import UserError
-from flakecheck.reports.facts import DIVERGED, EngineFacts, clean, records
+from flakecheck.reports.facts import DIVERGED, clean, records
 
 CATEGORIES = ("both", "a_only", "b_only", "neither")
 
@@ -127,13 +132,11 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
         case["p_flip_b"] = _number(rows_b[case["case_id"]].get("p_flip"))
     return Comparison(_describe(a), _describe(b), len(common), sorted(set(rows_a) - set(rows_b)),
                       sorted(set(rows_b) - set(rows_a)), counts, auroc(scores, labels), step_agreement(steps), cases,
-                      references, _probability(cases, (b.meta.get("flip") or {}).get("n_draws")),
+                      references, _probability(cases, (b.record.flip or {}).get("n_draws")),
                       "predicted flip probability" if predicted else "risk")
 
 
 def _probability(cases: list[dict[str, Any]], n_draws: int | None) -> dict[str, Any] | None:
-    from flakecheck.analysis.flip.calibration import calibrate
-
     def block(subset: list[dict[str, Any]]) -> dict[str, Any] | None:
         return calibrate([c["p_flip_pred_a"] for c in subset], [c["p_flip_b"] for c in subset], n_draws)
 
@@ -144,22 +147,21 @@ def _probability(cases: list[dict[str, Any]], n_draws: int | None) -> dict[str, 
             "different_reference": block([c for c in cases if c["same_reference"] is False])}
 
 
-def _model_ids(meta: dict[str, Any]) -> bool:
+def _model_ids(record: RunRecord) -> bool:
     """Whether a run's token ids are the model's vocabulary (the engine's, or a server that reports them)."""
-    source = meta.get("source", "engine")
-    server = meta.get("server") if isinstance(meta.get("server"), dict) else {}
-    return source == "engine" or (source == "probe" and server.get("token_ids") == "server")
+    server = record.server or {}
+    return record.source == "engine" or (record.source == "probe" and server.get("token_ids") == "server")
 
 
 def _same_references(a: RunData, b: RunData, common: list[str]) -> tuple[dict[str, bool], dict[str, Any] | None]:
     """Per common case, whether the two reference answers are equal; and the counts."""
-    by = "tokens" if _model_ids(a.meta) and _model_ids(b.meta) else "text"
+    by = "tokens" if _model_ids(a.record) and _model_ids(b.record) else "text"
 
     def answers(run: RunData) -> dict[str, Any]:
         runs = run.runs
         if runs.empty or "composition" not in runs:
             return {}
-        reference = run.meta.get("reference") or (run.meta.get("compositions") or [{}])[0].get("name")
+        reference = run.record.reference
         rows = runs[(runs["composition"] == reference) & (runs["repeat"] == 0)]
         column = "token_ids" if by == "tokens" else "text"
         return {str(c): (tuple(int(t) for t in v) if by == "tokens" else clean(v))
@@ -178,11 +180,10 @@ def _number(value: Any) -> float | None:
 
 
 def _describe(run: RunData) -> dict[str, Any]:
-    meta = run.meta
-    server = meta.get("server") if isinstance(meta.get("server"), dict) else {}
-    return {"path": str(run.path), "source": meta.get("source", "engine"), "model": meta.get("model"),
-            "policy": EngineFacts.of(meta).policy, "endpoint": server.get("endpoint"),
-            "suite_sha256": meta.get("suite_sha256"), "n_cases": len(run.cases)}
+    record = run.record
+    return {"path": str(run.path), "source": record.source, "model": record.model, "policy": record.computer.policy,
+            "endpoint": (record.server or {}).get("endpoint"), "suite_sha256": record.suite_sha256,
+            "n_cases": len(run.cases)}
 
 
 def compare_command(path_a: Path, path_b: Path, json_out: bool = False) -> int:
@@ -195,11 +196,6 @@ def compare_command(path_a: Path, path_b: Path, json_out: bool = False) -> int:
 
 
 def render(result: Comparison) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from flakecheck.console import output_console
-
     console = output_console()
     a, b = result.run_a, result.run_b
     for tag, run in (("A", a), ("B", b)):
@@ -268,9 +264,6 @@ def _fmt(value: float | None) -> str:
 
 def _disagreement_table(cases: list[dict[str, Any]], top: int = 10):
     """The cases one run saw diverge and the other did not, riskiest in A first."""
-    from rich.markup import escape
-    from rich.table import Table
-
     ranked = sorted(cases, key=lambda c: (-(c["risk_a"] or 0.0), c["case_id"]))[:top]
     table = Table(title=f"diverged in one run only ({len(cases)}, {len(ranked)} shown)", title_justify="left",
                   show_edge=False)

@@ -16,6 +16,7 @@ import pandas as pd
 
 from flakecheck.analysis.flip_kind import FLIP_KINDS
 from flakecheck.analysis.score_swing import ScoreSwing, score_swing
+from flakecheck.data.record import Computer, RunRecord
 from flakecheck.data.rundir import CASES_SCHEMA, STATUSES, RunData
 from flakecheck.data.traces import run_label
 from flakecheck.reports.flip_view import FlipView
@@ -74,53 +75,13 @@ class CompositionFacts:
     verdict_changes: int
 
 
-@dataclass(frozen=True)
-class EngineFacts:
-    """What computed the run, as every report names it: the engine's spec read back typed from meta.json's
-    `engine` block (a server's endpoint for a probe; the older flat fields for older run directories)."""
-
-    policy: str  # the policy's name, or "server"
-    backend: str
-    profile: str
-    op_orders: tuple[str, ...] = ()  # the orders of the policy's op classes (matmul, attention, norm)
-    machine: str | None = None  # the fingerprint's one-line description
-    verified: str | None = None  # the self-check's one-line summary
-
-    @property
-    def varies(self) -> bool:
-        """Whether some op class follows split-K orders (production-like variance)."""
-        return "splitk" in self.op_orders
-
-    @classmethod
-    def of(cls, meta: dict[str, Any]) -> EngineFacts:
-        engine = meta.get("engine")
-        if isinstance(engine, dict) and "verification" in engine:
-            from flakecheck.engine.spec import EngineSpec
-
-            spec = EngineSpec.from_dict(engine)
-            p = spec.policy
-            return cls(p.name, spec.backend, spec.profile, (p.matmul, p.attention, p.norm), spec.machine.describe(),
-                       spec.verification.summary())
-        policy = str(meta.get("policy", "?"))
-        orders: tuple[str, ...] = ()
-        if policy not in ("?", "server"):
-            from flakecheck.kernels.policy import parse_policy
-
-            try:
-                p = parse_policy(policy)
-                orders = (p.matmul, p.attention, p.norm)
-            except ValueError:
-                orders = ()
-        return cls(policy, str(meta.get("backend", "?")), str(meta.get("profile", "?")), orders)
-
-
 @dataclass
 class RunFacts:
     path: Path
     suite_name: str
     model: str
     dtype: str
-    engine: EngineFacts
+    engine: Computer  # what computed the traces: the engine's policy on a backend, or a server
     reference: str
     gap_threshold: float
     gap_window: int
@@ -130,7 +91,7 @@ class RunFacts:
     cases: list[dict[str, Any]]
     compositions: list[CompositionFacts]
     command: str | None
-    meta: dict[str, Any] = field(repr=False)
+    record: RunRecord = field(repr=False)
     empty_answers: list[str] = field(default_factory=list)  # cases whose reference answer is empty or blank
     verdicts: dict[str, dict[str, bool | None]] = field(default_factory=dict)  # case -> run label -> passed
     run_labels: list[str] = field(default_factory=list)  # every (composition, repeat), in replay order
@@ -154,7 +115,7 @@ class RunFacts:
     @property
     def flip(self) -> FlipView | None:
         """Flip probability over the run's draws (None without draws)."""
-        return FlipView.of(self.meta, self.cases)
+        return FlipView.of(self.record.flip, self.cases)
 
     @property
     def flip_counts(self) -> dict[str, int]:
@@ -187,31 +148,29 @@ class RunFacts:
 
 
 def gather(run: RunData) -> RunFacts:
-    meta = run.meta
-    thresholds = meta.get("thresholds") or {}
+    record = run.record
     cases = case_records(run.cases)
     counts = {s: 0 for s in STATUSES}
     for c in cases:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
-    names = [c["name"] for c in meta.get("compositions") or []] or sorted(run.runs["composition"].unique())
-    reference = meta.get("reference") or names[0]
+    names = record.composition_names
     return RunFacts(
         path=run.path,
-        suite_name=str(meta.get("suite_name") or Path(str(meta.get("suite", "suite"))).stem),
-        model=str(meta.get("model", "?")),
-        dtype=str(meta.get("dtype", "?")),
-        engine=EngineFacts.of(meta),
-        reference=reference,
-        gap_threshold=float(thresholds.get("gap_threshold", 0.05)),
-        gap_window=int(thresholds.get("gap_window", 50)),
+        suite_name=record.suite_name,
+        model=record.model,
+        dtype=record.dtype or "?",
+        engine=record.computer,
+        reference=record.reference,
+        gap_threshold=record.gap_threshold,
+        gap_window=record.gap_window,
         n_cases=len(cases),
         counts=counts,
         verdict_flips=[c["case_id"] for c in cases if c["verdict_flip"]],
         cases=cases,
-        compositions=_composition_facts(run.runs, names, reference),
-        command=meta.get("command"),
-        meta=meta,
-        empty_answers=_empty_answers(run.runs, reference),
+        compositions=_composition_facts(run.runs, names, record.reference),
+        command=record.command,
+        record=record,
+        empty_answers=_empty_answers(run.runs, record.reference),
         **_verdicts(run.runs, names),
     )
 
@@ -241,7 +200,7 @@ def empty_answer_warning(facts: RunFacts) -> str | None:
     if not n or n < EMPTY_ANSWER_WARN_SHARE * facts.n_cases:
         return None
     text = f"{n} of {facts.n_cases} cases produced an empty answer — is the input format right?"
-    applied = facts.meta.get("input_format")
+    applied = facts.record.details.get("input_format")
     if isinstance(applied, dict) and applied.get("raw") and applied.get("chat_template"):
         text += (f" ({applied['raw']} case(s) were sent as raw text; a 'prompt' is always raw, and "
                  "--input-format chat sends every string as a user message)")
@@ -273,13 +232,10 @@ def next_command(facts: RunFacts) -> tuple[str, str]:
 
 
 def invariant_rerun(facts: RunFacts) -> str:
-    """The run's own settings with fixed-order kernels, into a new run directory."""
-    from flakecheck.run.settings import RunConfig
-
-    recorded = facts.meta.get("config")
-    if isinstance(recorded, dict):
-        return RunConfig.from_dict(recorded).fixed_order_command()
-    return shlex.join(["flakecheck", "run", str(facts.meta.get("suite", "SUITE")), "--kernels", "invariant"])
+    """The run's own settings with fixed-order kernels, into a new run directory, as the run recorded it (a run
+    directory from before it was recorded: the suite alone with fixed-order kernels)."""
+    return facts.record.fixed_order_command or shlex.join(["flakecheck", "run", facts.record.suite, "--kernels",
+                                                           "invariant"])
 
 
 def prompt_text(case_input: Any) -> str:
@@ -290,9 +246,9 @@ def prompt_text(case_input: Any) -> str:
     return "" if case_input is None else str(case_input)
 
 
-def suite_cases(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """meta["cases"] by case id: prompts, targets, checks and metadata without the suite file."""
-    return {str(c.get("case_id")): c for c in meta.get("cases") or [] if isinstance(c, dict)}
+def suite_cases(record: RunRecord) -> dict[str, dict[str, Any]]:
+    """The record's cases by case id: prompts, targets, checks and metadata without the suite file."""
+    return {str(c.get("case_id")): c for c in record.cases}
 
 
 def fmt_gap(value: float | None) -> str:
@@ -323,7 +279,7 @@ def flip_summary(facts: RunFacts) -> str | None:
     if not sum(counts.values()):
         return None
     line = "first flips: " + " · ".join(f"{counts[k]} {k}" for k in FLIP_KINDS)
-    noise = facts.meta.get("gap_noise")
+    noise = facts.record.gap_noise
     if noise:
         line += f" (before diverging, batch composition moved a top-1/top-2 gap by up to {noise:.3f})"
     return line

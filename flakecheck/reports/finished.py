@@ -18,6 +18,9 @@ from rich.markup import escape
 
 from flakecheck.console import output_console
 from flakecheck.data.rundir import RunData
+from flakecheck.reports.facts import empty_answer_warning, gather
+from flakecheck.reports.html import write_html
+from flakecheck.reports.terminal import render_summary, summary_line
 
 EXIT_REPORT_FAILED = 3
 
@@ -44,8 +47,6 @@ class ReportError(Exception):
 def write_report_html(run: RunData, path: Path) -> ReportError | None:
     """Write report.html; any failure comes back as a ReportError (raised by the caller once the run is
     complete) instead of propagating from the middle of finishing the run."""
-    from flakecheck.reports.html import write_html
-
     try:
         write_html(run, path)
     except Exception as exc:  # a renderer bug or a full disk must not cost the finished run
@@ -56,9 +57,6 @@ def write_report_html(run: RunData, path: Path) -> ReportError | None:
 def show_finished_run(run: RunData, quiet: bool, error: ReportError | None = None) -> None:
     """The terminal summary (or the one summary line with --quiet), then any report error; exits 3 if a
     report could not be rendered, after printing everything that could be."""
-    from flakecheck.reports.facts import empty_answer_warning, gather
-    from flakecheck.reports.terminal import render_summary, summary_line
-
     errors = Console(stderr=True)
     summary_failed: Exception | None = None
     try:

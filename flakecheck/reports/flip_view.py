@@ -24,9 +24,8 @@ class FlipView:
     n_flipping: int
 
     @classmethod
-    def of(cls, meta: dict[str, Any], cases: list[dict[str, Any]]) -> FlipView | None:
-        """None for a run without draws (or an older run directory)."""
-        block = meta.get("flip")
+    def of(cls, block: dict[str, Any] | None, cases: list[dict[str, Any]]) -> FlipView | None:
+        """The run record's flip block; None for a run without draws (or an older run directory)."""
         if not isinstance(block, dict) or not block.get("n_draws"):
             return None
         return cls(int(block["n_draws"]), block.get("sampling"), block.get("agreement") or {},

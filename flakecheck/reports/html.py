@@ -99,7 +99,7 @@ def write_html(run: RunData, path: Path) -> None:
 
 def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
     facts = gather(run)
-    suite = suite_cases(run.meta)
+    suite = suite_cases(facts.record)
     metadata_keys = _metadata_keys(suite)
     # diverged cases first (their outputs differ: the most to see), then fragile ones, each by flip probability
     diverged = [c["case_id"] for c in facts.cases if c["status"] in DIVERGED]
@@ -119,7 +119,7 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
         metadata_filters=_metadata_filters(rows, metadata_keys), plots=plots(run, facts),
         limits=limits, n_detail_candidates=sum(1 for c in facts.cases if c["status"] != "stable"),
         data_json=script_json(data), css=Markup((TEMPLATES / "report.css").read_text()),
-        js=Markup((TEMPLATES / "report.js").read_text()), meta=run.meta, fmt_gap=fmt_gap, fmt_step=fmt_step,
+        js=Markup((TEMPLATES / "report.js").read_text()), fmt_gap=fmt_gap, fmt_step=fmt_step,
         fmt_rate=fmt_rate, flaky_rate=fmt_rate(facts.flaky_rate), meta_json=_pretty_meta(run.meta),
         empty_warning=empty_answer_warning(facts), score=facts.score, score_sentence=swing_sentence(facts.score),
         score_range=score_range(facts.score), flip_summary=flip_summary(facts), confident_note=CONFIDENT_NOTE,

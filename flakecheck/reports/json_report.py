@@ -19,9 +19,9 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
     why, command = next_command(facts)
     return {
         "run_dir": str(facts.path),
-        "suite": facts.meta.get("suite"),
+        "suite": facts.record.suite,
         "suite_name": facts.suite_name,
-        "suite_sha256": facts.meta.get("suite_sha256"),
+        "suite_sha256": facts.record.suite_sha256,
         "model": facts.model,
         "dtype": facts.dtype,
         "policy": facts.policy,
@@ -37,12 +37,12 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
         "verdict_flips": facts.verdict_flips,
         "empty_answers": {"count": len(facts.empty_answers), "case_ids": facts.empty_answers,
                           "warning": empty_answer_warning(facts)},
-        "input_format": facts.meta.get("input_format"),
+        "input_format": facts.record.details.get("input_format"),
         "score": {**facts.score.to_dict(), "sentence": swing_sentence(facts.score)},
         "flips": {"counts": facts.flip_counts, "confident": facts.confident_flips},
         # flip probability over the draws: how they were drawn, agreement, the score under load, calibration
-        "flip_probability": facts.meta.get("flip"),
-        "grader": facts.meta.get("grader"),
+        "flip_probability": facts.record.flip,
+        "grader": facts.record.details.get("grader"),
         "compositions": [
             {"name": c.name, "reference": c.is_reference, "diverged_cases": c.diverged_cases,
              "verdict_changes": c.verdict_changes, "score": facts.score.per_composition.get(c.name)}

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flakecheck.analysis.score_swing import swing_sentence
+from flakecheck.data.record import RunRecord
 from flakecheck.data.rundir import STATUSES, RunData
 from flakecheck.reports.explanation import (
     Explanation,
@@ -74,10 +75,10 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
     explained = explanation(run)
     if explained is not None:
         render_explanation(explained, console, top)
-    elif facts.n_diverged and facts.meta.get("source", "engine") == "engine":
+    elif facts.n_diverged and facts.record.source == "engine":
         console.print(f"why they flipped, and the cheapest fix: [cyan]{escape(explain_command(run))}[/]",
                       soft_wrap=True)
-    timing = replay_line(facts.meta)
+    timing = replay_line(facts.record)
     if timing:
         console.print(escape(timing))
     console.print(f"run directory: [bold]{escape(str(facts.path))}[/]")
@@ -88,15 +89,15 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
     console.print(f"next, {escape(why)}:\n  [bold cyan]{escape(command)}[/]", soft_wrap=True)
 
 
-def replay_line(meta: dict) -> str | None:
+def replay_line(record: RunRecord) -> str | None:
     """How the traces were produced and how long it took: 'replay: simulated, 6,235 engine steps of every
     composition in 349 shared forward passes (12,531 of 46,033 rows computed once for several), 2 min 43 s';
     None for a run directory that does not record it."""
-    seconds = (meta.get("timings") or {}).get("replay_s")
-    mode = meta.get("replay")
+    seconds = record.timings.get("replay_s")
+    mode = record.details.get("replay")
     if seconds is None or mode is None:
         return None
-    stats = meta.get("replay_stats") or {}
+    stats = record.details.get("replay_stats") or {}
     minutes, rest = divmod(round(seconds), 60)
     took = f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
     if mode == "simulated" and stats.get("steps") and stats.get("forward_passes"):

@@ -1,28 +1,30 @@
 """The settings of one `flakecheck run`, typed, frozen and validated once.
 
-A RunConfig is built from the command line or the Python API, checked in one place, and from then
-on is the only description of the run: it yields the trace fingerprint that `--resume` compares,
-the `config` block of meta.json, and the command lines the reports print (resume, the fixed-order
-rerun) — regenerated from fields, never edited as strings.
+`RunConfig.parse` is where the options' text (the command line's, the Python API's, meta.json's `config`
+block) becomes typed: the engine settings (the kernel policy a `KernelPolicy`), the compositions, the load
+model and its draws (drawn once, here). From then on the RunConfig is the only description of the run: it
+yields the trace fingerprint that `--resume` compares, the `config` block of meta.json, and the command lines
+the reports print (resume, the fixed-order rerun) — regenerated from fields, never edited as strings.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis.flip.load import DEFAULT_LOAD, parse_load, sample_compositions
+from flakecheck.analysis.flip.load import DEFAULT_LOAD, LoadModel, parse_load, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.data.input_format import INPUT_FORMATS
+from flakecheck.engine.loader import DEFAULT_MODEL
+from flakecheck.engine.settings import EngineSettings
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import check_timeout, grader_argv
 from flakecheck.kernels.policy import KernelPolicy
 
-DEFAULT_MODEL = "smollm2"
 REPLAY_MODES = ("auto", "simulated", "physical")
 
 
@@ -48,15 +50,43 @@ def check_common(settings: Any, int_minimums: Sequence[tuple[str, int]]) -> None
         raise UserError(f"--gap-threshold must be > 0, got {settings.gap_threshold!r}")
 
 
+def parse_ids(text: str | None) -> tuple[str, ...]:
+    return tuple(i.strip() for i in text.split(",") if i.strip()) if text else ()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Compositions drawn from a load model (flip probability), drawn once when the settings are made."""
+
+    load: LoadModel
+    n: int
+    seed: int
+    draws: tuple[Composition, ...]
+
+    @classmethod
+    def draw(cls, load: LoadModel, n: int, seed: int) -> Sampling | None:
+        """N draws from `load` with `seed`; None for N = 0. UserError naming the flag of a bad count or seed."""
+        for value, flag in ((n, "--sample"), (seed, "--seed")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"{flag} must be an integer >= 0, got {value!r}")
+        return cls(load, n, seed, tuple(sample_compositions(load, n, seed))) if n else None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.draws)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What meta.json's flip block records of the sampling."""
+        return {"n": self.n, "seed": self.seed, "load": self.load.to_dict()}
+
+
 @dataclass(frozen=True)
 class RunConfig:
     suite: Path
-    model: str = DEFAULT_MODEL
-    dtype: str = "bfloat16"
-    kernels: KernelPolicy = KernelPolicy("splitk", "splitk", "splitk")  # a policy text is parsed once, here
-    backend: str = "auto"
-    profile: str = "h100"
-    compositions: tuple[Composition, ...] = DEFAULT_COMPOSITIONS
+    engine: EngineSettings = EngineSettings()
+    named: tuple[Composition, ...] = DEFAULT_COMPOSITIONS  # the compositions the user named, the reference first
+    sampling: Sampling | None = None  # compositions drawn from a load, replayed after the named ones
+    load: LoadModel = parse_load(DEFAULT_LOAD)  # checked even without --sample: a bad --load is refused
     max_tokens: int = 64
     gap_threshold: float = 0.05
     gap_window: int = 50
@@ -67,68 +97,69 @@ class RunConfig:
     out: Path | None = None
     html: bool = True
     input_format: str = "auto"
-    grader: tuple[str, ...] = ()  # argv of an external grader (flakecheck.grading.external); () grades by the checks
+    grader: tuple[str, ...] = ()  # argv of an external grader (flakecheck.grading.external); () grades by checks
     grader_timeout: float = GRADER_TIMEOUT_S
     # where simulated replay runs: None in this process; "local" (a local Ray cluster), "auto" or an address
     ray: str | None = None
     workers: int = 2
     cpus_per_worker: int | None = None
     allow_mixed_devices: bool = False
-    # flip probability (flakecheck.analysis.flip): compositions drawn from a load model, beside the named ones
-    sample: int = 0
-    load: str = DEFAULT_LOAD
-    sample_seed: int = 0
 
     def __post_init__(self) -> None:
         normalise_common(self)
-        self._add_draws()
-        object.__setattr__(self, "compositions", tuple(order_compositions(list(self.compositions))))
-        object.__setattr__(self, "grader", grader_argv(self.grader) if self.grader else ())
+        object.__setattr__(self, "named", tuple(order_compositions(list(self.named))))
+        if self.sampling is not None:
+            order_compositions(list(self.compositions))  # a named one may not take a draw's name
         object.__setattr__(self, "grader_timeout", check_timeout(self.grader_timeout))
         check_common(self, (("max_tokens", 1), ("gap_window", 1), ("repeat", 1), ("workers", 1)))
         if self.cpus_per_worker is not None and (isinstance(self.cpus_per_worker, bool) or self.cpus_per_worker < 1):
             raise UserError(f"--cpus-per-worker must be an integer >= 1, got {self.cpus_per_worker!r}")
-        from flakecheck.engine.spec import check_settings, parse_kernels
-
-        object.__setattr__(self, "kernels", parse_kernels(self.kernels))
-        check_settings(self.backend, self.profile, self.dtype)
         if self.input_format not in INPUT_FORMATS:
             raise UserError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
         if self.replay not in REPLAY_MODES:
             raise UserError(f"--replay must be one of {', '.join(REPLAY_MODES)}, got {self.replay!r}")
-        if self.replay == "simulated" and self.kernels.physical:
+        if self.replay == "simulated" and self.engine.policy.physical:
             raise UserError("--replay simulated: native kernels depend on the physical batch, so their "
                             "compositions can only be replayed physically (use --replay physical or auto)")
 
-    def _add_draws(self) -> None:
-        """Check the sampling flags and put the drawn compositions after the named ones (a config read back
-        from meta.json already lists them: they are drawn again, identically, and not listed twice)."""
-        for name, flag in (("sample", "--sample"), ("sample_seed", "--seed")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise UserError(f"{flag} must be an integer >= 0, got {value!r}")
-        load = parse_load(self.load)  # a bad --load is refused even without --sample
-        drawn = sample_compositions(load, self.sample, self.sample_seed) if self.sample else []
-        named = [c for c in self.compositions if c not in drawn]
-        object.__setattr__(self, "compositions", tuple(named + drawn))
+    @classmethod
+    def parse(cls, suite: Path | str, *, model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
+              kernels: str = "splitk", backend: str = "auto", profile: str = "h100", device: str = "cpu",
+              compositions: Sequence[Composition] | None = None, max_tokens: int = 64, gap_threshold: float = 0.05,
+              gap_window: int = 50, repeat: int = 1, limit: int | None = None, ids: Sequence[str] = (),
+              replay: str = "auto", out: Path | str | None = None, html: bool = True, input_format: str = "auto",
+              grader: str | Sequence[str] | None = None, grader_timeout: float = GRADER_TIMEOUT_S,
+              ray: str | None = None, workers: int = 2, cpus_per_worker: int | None = None,
+              allow_mixed_devices: bool = False, sample: int = 0, load: str | LoadModel = DEFAULT_LOAD,
+              sample_seed: int = 0) -> RunConfig:
+        """The settings from the options' text: the one place text becomes typed."""
+        engine = EngineSettings.parse(model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
+                                      device=device)
+        load_model = load if isinstance(load, LoadModel) else parse_load(load)
+        named = tuple(compositions) if compositions is not None else DEFAULT_COMPOSITIONS
+        return cls(Path(suite), engine, named, Sampling.draw(load_model, sample, sample_seed), load_model,
+                   max_tokens, gap_threshold, gap_window, repeat, limit, tuple(ids), replay,
+                   Path(out) if out is not None else None, html, input_format,
+                   grader_argv(grader) if grader else (), grader_timeout, ray, workers, cpus_per_worker,
+                   allow_mixed_devices)
 
     @property
-    def drawn(self) -> tuple[str, ...]:
-        """The names of the sampled compositions (the draws), in draw order."""
-        if not self.sample:
-            return ()
-        return tuple(c.name for c in sample_compositions(parse_load(self.load), self.sample, self.sample_seed))
+    def policy(self) -> KernelPolicy:
+        return self.engine.policy
 
     @property
-    def named(self) -> tuple[Composition, ...]:
-        drawn = set(self.drawn)
-        return tuple(c for c in self.compositions if c.name not in drawn)
+    def compositions(self) -> tuple[Composition, ...]:
+        """What is replayed: the named compositions, then the draws."""
+        return self.named + (self.sampling.draws if self.sampling else ())
 
-    def sampling(self) -> dict[str, Any] | None:
-        """What meta.json records of the sampling (None without it)."""
-        if not self.sample:
-            return None
-        return {"n": self.sample, "seed": self.sample_seed, "load": parse_load(self.load).to_dict()}
+    @property
+    def draws(self) -> tuple[str, ...]:
+        """The names of the sampled compositions, in draw order."""
+        return self.sampling.names if self.sampling else ()
+
+    @property
+    def reference(self) -> str:
+        return self.named[0].name
 
     def with_changes(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
@@ -138,24 +169,24 @@ class RunConfig:
     def argv(self) -> list[str]:
         """`flakecheck run ...` that makes this run again: every setting that differs from its default."""
         args = ["flakecheck", "run", str(self.suite)]
+        engine, default_engine = self.engine.to_dict(), EngineSettings().to_dict()
+        for name, value in engine.items():
+            if value != default_engine[name]:
+                args += [f"--{name}", str(value)]
         defaults = RunConfig(self.suite)
-        for name, flag in (("model", "--model"), ("dtype", "--dtype"), ("kernels", "--kernels"),
-                           ("backend", "--backend"), ("profile", "--profile"), ("max_tokens", "--max-tokens"),
-                           ("gap_threshold", "--gap-threshold"), ("gap_window", "--gap-window"),
-                           ("repeat", "--repeat"), ("limit", "--limit"), ("replay", "--replay"),
-                           ("input_format", "--input-format")):
+        for name in ("max_tokens", "gap_threshold", "gap_window", "repeat", "limit", "replay", "input_format"):
             value = getattr(self, name)
             if value != getattr(defaults, name):
-                args += [flag, value.name if isinstance(value, KernelPolicy) else str(value)]
-        if self.named != defaults.compositions:
+                args += [f"--{name.replace('_', '-')}", str(value)]
+        if self.named != defaults.named:
             for composition in self.named:
                 args += ["--composition", composition.to_spec()]
-        if self.sample:
-            args += ["--sample", str(self.sample)]
-            if self.load != defaults.load:
-                args += ["--load", self.load]
-            if self.sample_seed != defaults.sample_seed:
-                args += ["--seed", str(self.sample_seed)]
+        if self.sampling is not None:
+            args += ["--sample", str(self.sampling.n)]
+        if self.load.spec != defaults.load.spec:
+            args += ["--load", self.load.spec]
+        if self.sampling is not None and self.sampling.seed != 0:
+            args += ["--seed", str(self.sampling.seed)]
         if self.ids:
             args += ["--ids", ",".join(self.ids)]
         if self.out is not None:
@@ -182,55 +213,55 @@ class RunConfig:
 
     def fixed_order_command(self) -> str:
         """The same run with fixed-order kernels everywhere, into a new directory: confirms the fix."""
-        return self.with_changes(kernels="invariant", out=None).command()
+        fixed = self.engine.with_policy(KernelPolicy.of("invariant"))
+        return self.with_changes(engine=fixed, out=None).command()
 
     # ------------------------------------------------------------------------------- what is recorded
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "compositions":
-                value = [c.to_dict() for c in value]
-            elif isinstance(value, KernelPolicy):
-                value = value.name
-            elif isinstance(value, Path):
-                value = str(value)
-            elif isinstance(value, tuple):
-                value = list(value)
-            data[f.name] = value
-        return data
+        """meta.json's `config` block: the options as `parse` takes them (a file's load histogram in full, so
+        the run can be read back when the file has gone)."""
+        return {
+            "suite": str(self.suite), **self.engine.to_dict(),
+            "compositions": [c.to_dict() for c in self.compositions],
+            "max_tokens": self.max_tokens, "gap_threshold": self.gap_threshold, "gap_window": self.gap_window,
+            "repeat": self.repeat, "limit": self.limit, "ids": list(self.ids), "replay": self.replay,
+            "out": str(self.out) if self.out is not None else None, "html": self.html,
+            "input_format": self.input_format, "grader": list(self.grader), "grader_timeout": self.grader_timeout,
+            "ray": self.ray, "workers": self.workers, "cpus_per_worker": self.cpus_per_worker,
+            "allow_mixed_devices": self.allow_mixed_devices,
+            "sample": self.sampling.n if self.sampling else 0, "load": self.load.spec,
+            "load_model": self.load.to_dict(), "sample_seed": self.sampling.seed if self.sampling else 0,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
-        if "compositions" in values:
-            values["compositions"] = tuple(Composition.from_dict(c) for c in values["compositions"])
-        if "ids" in values:
-            values["ids"] = tuple(values["ids"] or ())
-        return cls(**values)
+        """A config read back from meta.json. Its compositions list the draws too: they are drawn again,
+        identically, from the recorded load (a file's histogram is in the record: the file may have gone)."""
+        def get(key: str, default: Any) -> Any:
+            return default if data.get(key) is None else data[key]
+
+        recorded = data.get("load_model")
+        load = LoadModel.from_dict(recorded) if isinstance(recorded, dict) else parse_load(get("load", DEFAULT_LOAD))
+        sample, seed = int(get("sample", 0)), int(get("sample_seed", 0))
+        drawn = {c.name for c in sample_compositions(load, sample, seed)} if sample else set()
+        named = [c for c in map(Composition.from_dict, get("compositions", [])) if c.name not in drawn]
+        return cls.parse(
+            str(data["suite"]), model=get("model", DEFAULT_MODEL), dtype=get("dtype", "bfloat16"),
+            kernels=get("kernels", "splitk"), backend=get("backend", "auto"), profile=get("profile", "h100"),
+            device=get("device", "cpu"), compositions=named or None, max_tokens=get("max_tokens", 64),
+            gap_threshold=get("gap_threshold", 0.05), gap_window=get("gap_window", 50), repeat=get("repeat", 1),
+            limit=data.get("limit"), ids=tuple(get("ids", ())), replay=get("replay", "auto"), out=data.get("out"),
+            html=get("html", True), input_format=get("input_format", "auto"), grader=tuple(get("grader", ())),
+            grader_timeout=get("grader_timeout", GRADER_TIMEOUT_S), ray=data.get("ray"), workers=get("workers", 2),
+            cpus_per_worker=data.get("cpus_per_worker"), allow_mixed_devices=get("allow_mixed_devices", False),
+            sample=sample, load=load, sample_seed=seed)
 
     def trace_settings(self) -> dict[str, Any]:
         """The settings that decide the traces (a resume must not change them). Thresholds and the grader
         only change the analysis, and simulated and physical replay give the same bits, so all may change."""
         return {
-            "model": self.model, "dtype": self.dtype, "kernels": self.kernels.name, "backend": self.backend,
-            "profile": self.profile, "max_tokens": self.max_tokens, "repeat": self.repeat,
-            "compositions": [c.to_dict() for c in self.compositions], "input_format": self.input_format,
+            **self.engine.to_dict(), "max_tokens": self.max_tokens,
+            "repeat": self.repeat, "compositions": [c.to_dict() for c in self.compositions],
+            "input_format": self.input_format,
         }
-
-
-def parse_ids(text: str | None) -> tuple[str, ...]:
-    return tuple(i.strip() for i in text.split(",") if i.strip()) if text else ()
-
-
-def config_from_options(suite: Path | str, compositions: Sequence[Composition] | None = None,
-                        **options: Any) -> RunConfig:
-    """A RunConfig from API keyword options (None means the default)."""
-    given = {k: v for k, v in options.items() if v is not None}
-    if compositions is not None:
-        given["compositions"] = tuple(compositions)
-    if "ids" in given:
-        given["ids"] = tuple(given["ids"])
-    return RunConfig(Path(suite), **given)

@@ -6,10 +6,12 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens, load_model
-from flakecheck.engine.spec import EngineSpec, check_settings, parse_kernels, resolve_engine
+from flakecheck.engine.loader import DEFAULT_MODEL
+from flakecheck.engine.settings import EngineSettings
+from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.machine.fingerprint import flakecheck_version
 from flakecheck.machine.probes import ProbeDims
@@ -20,15 +22,28 @@ from flakecheck.serve.schemas import model_not_found
 
 @dataclass(frozen=True)
 class ServeSettings:
-    model: str = "smollm2"
-    kernels: str = "splitk"
-    dtype: str = "bfloat16"
-    profile: str = "h100"
+    engine: EngineSettings = EngineSettings()
     max_num_seqs: int = 32
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = False
     max_model_len: int | None = None  # cap the context below the model's (bounds the KV cache)
     served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("max-num-seqs", self.max_num_seqs), ("max-num-batched-tokens",
+                            self.max_num_batched_tokens), ("max-model-len", self.max_model_len)):
+            if value is not None and value < 1:
+                raise UserError(f"--{name} must be >= 1, got {value}")
+
+    @classmethod
+    def parse(cls, *, model: str = DEFAULT_MODEL, kernels: str = "splitk", dtype: str = "bfloat16",
+              profile: str = "h100", device: str = "cpu", max_num_seqs: int = 32,
+              max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
+              max_model_len: int | None = None, served_model_name: str | None = None) -> ServeSettings:
+        """From `flakecheck serve`'s options (a bad one is refused before the model loads)."""
+        engine = EngineSettings.parse(model=model, dtype=dtype, kernels=kernels, profile=profile, device=device)
+        return cls(engine, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len,
+                   served_model_name)
 
 
 @dataclass
@@ -51,17 +66,15 @@ class ServerState:
 
 
 def build_state(settings: ServeSettings, loaded: LoadedModel | None = None) -> ServerState:
-    """Load the model (unless given), build the kernels and the engine; the loop is not started yet."""
-    for name, value in (("max-num-seqs", settings.max_num_seqs), ("max-num-batched-tokens",
-                        settings.max_num_batched_tokens), ("max-model-len", settings.max_model_len)):
-        if value is not None and value < 1:
-            raise UserError(f"--{name} must be >= 1, got {value}")
-    parse_kernels(settings.kernels)  # a bad policy fails before the model loads
-    check_settings("auto", settings.profile, settings.dtype)
-    loaded = loaded if loaded is not None else load_model(settings.model, settings.dtype)
+    """Load the model (unless given: then its dtype is the server's), build the kernels and the engine; the
+    loop is not started yet."""
+    engine = settings.engine
+    if loaded is None:
+        loaded = load_model(engine.model, engine.dtype)
+    else:
+        engine = replace(engine, dtype=str(loaded.dtype).removeprefix("torch."))
     # checked on this machine before the first request: a fixed-order server that is not invariant here refuses
-    spec = resolve_engine(settings.kernels, ProbeDims.of(loaded.config), profile=settings.profile,
-                          dtype=str(loaded.dtype).removeprefix("torch."))
+    spec = resolve_engine(engine, ProbeDims.of(loaded.config))
     engine = LLMEngine(loaded, spec.ops(), settings.max_num_seqs, settings.max_num_batched_tokens,
                        settings.enable_prefix_caching)
     lock = threading.Lock()
@@ -75,7 +88,7 @@ def build_state(settings: ServeSettings, loaded: LoadedModel | None = None) -> S
         context = min(context, settings.max_model_len)
     return ServerState(
         settings=settings, loaded=loaded, loop=EngineLoop(engine, decode), texts=TokenTexts(loaded.tokenizer, lock),
-        tokenizer_lock=lock, model_id=settings.served_model_name or settings.model, max_context=context,
+        tokenizer_lock=lock, model_id=settings.served_model_name or settings.engine.model, max_context=context,
         fingerprint=system_fingerprint(settings, loaded, spec), spec=spec,
     )
 
@@ -85,7 +98,7 @@ def system_fingerprint(settings: ServeSettings, loaded: LoadedModel, spec: Engin
     machine (its fingerprint) and the kernel paths verified on it."""
     c = loaded.config
     facts = {
-        "model": settings.model, "architecture": c.architecture, "layers": c.num_layers, "hidden": c.hidden_size,
+        "model": settings.engine.model, "architecture": c.architecture, "layers": c.num_layers, "hidden": c.hidden_size,
         "vocab": c.vocab_size, "dtype": str(loaded.dtype).removeprefix("torch."), "kernels": spec.policy.name,
         "backend": spec.backend, "profile": spec.profile, "flakecheck": flakecheck_version(),
         "machine": spec.machine.digest, "paths": spec.paths.to_dict(),

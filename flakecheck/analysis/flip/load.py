@@ -55,6 +55,15 @@ class LoadModel:
     def draw(self, rng: random.Random) -> int:
         return rng.choices(self.sizes, weights=self.weights)[0]
 
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> LoadModel:
+        """A load read back from meta.json: a file's recorded histogram, or a named shape made again."""
+        spec, histogram = str(data["spec"]), data.get("histogram")
+        if not isinstance(histogram, dict):
+            return parse_load(spec)
+        sizes = tuple(sorted(int(s) for s in histogram))
+        return cls(spec, sizes, tuple(float(histogram[str(s)]) for s in sizes))
+
     def to_dict(self) -> dict[str, object]:
         """What meta.json records: a named shape by its name, a file's histogram in full (the file may go)."""
         data: dict[str, object] = {"spec": self.spec, "mean_batch": round(self.mean, 3)}

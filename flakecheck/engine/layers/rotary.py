@@ -10,7 +10,7 @@ class RotaryEmbedding:
     from the config's rope_parameters), looked up once a step and applied to q and k of every layer."""
 
     def __init__(self, hf_config: Any, max_len: int, dtype: torch.dtype) -> None:
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # seconds: only with a model
 
         rope = LlamaRotaryEmbedding(hf_config)
         positions = torch.arange(max_len)[None, :]
