@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from flakecheck.data.jsonl import json_kind, json_objects
 from flakecheck.errors import InputError, UserError
 from flakecheck.grading.checks import TARGET_TYPES, Check, choice_letter_of_target, parse_check, parse_number
 
@@ -117,16 +118,7 @@ def load_suite(path: str | Path) -> Suite:
     unknown_keys: set[str] = set()
     unnumbered = 0
     auto_numbered: set[int] = set()  # lines whose case got its id from its position
-    for number, raw in enumerate(text.split("\n"), start=1):
-        stripped = raw.strip()
-        if not stripped or stripped.startswith(("#", "//")):
-            continue
-        try:
-            obj = json.loads(stripped)
-        except json.JSONDecodeError as err:
-            raise InputError(name, number, None, f"malformed JSON: {err.msg} (column {err.colno})") from None
-        if not isinstance(obj, dict):
-            raise InputError(name, number, None, f"expected a JSON object per line, got {_kind(obj)}")
+    for number, obj in json_objects(name, text, comments=("#", "//")):
         unknown_keys |= set(obj) - _KNOWN_KEYS
         case = _parse_case(obj, name, number, position=len(cases) + 1)
         numbered = obj.get("id") is None
@@ -191,7 +183,7 @@ def _parse_case(obj: dict[str, Any], path: str, line: int, position: int) -> Cas
     elif isinstance(raw_checks, (dict, str)):
         raw_checks = [raw_checks]
     elif not isinstance(raw_checks, list):
-        raise fail(check_key, f"expected a list of checks, got {_kind(raw_checks)}")
+        raise fail(check_key, f"expected a list of checks, got {json_kind(raw_checks)}")
     checks = tuple(parse_check(c, path, line, f"{check_key}[{i}]") for i, c in enumerate(raw_checks))
 
     choices = obj.get("choices")
@@ -210,7 +202,7 @@ def _parse_case(obj: dict[str, Any], path: str, line: int, position: int) -> Cas
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
-        raise fail("metadata", f"expected an object, got {_kind(metadata)}")
+        raise fail("metadata", f"expected an object, got {json_kind(metadata)}")
     return Case(case_id, case_input, targets, checks, max_tokens, metadata, line, input_key,
                 _parse_stop(obj.get("stop"), fail))
 
@@ -220,7 +212,7 @@ def _parse_stop(raw: Any, fail: Callable[..., InputError]) -> tuple[str, ...]:
         return ()
     items = [raw] if isinstance(raw, str) else raw
     if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
-        raise fail("stop", f"expected a non-empty string or a list of them, got {_kind(raw)}")
+        raise fail("stop", f"expected a non-empty string or a list of them, got {json_kind(raw)}")
     return tuple(items)
 
 
@@ -235,7 +227,7 @@ def _parse_id(raw: Any, position: int, fail: Callable[..., InputError]) -> str:
     if raw is None:
         return str(position)
     if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-        raise fail("id", f"expected a string or an integer, got {_kind(raw)}")
+        raise fail("id", f"expected a string or an integer, got {json_kind(raw)}")
     text = str(raw).strip()
     if not text:
         raise fail("id", "the id is empty")
@@ -249,7 +241,7 @@ def _input_from_vars(raw_vars: Any, fail: Callable[..., InputError]) -> tuple[An
         if raw_vars.get(key) is not None:
             value = raw_vars[key]
             if not isinstance(value, str):
-                raise fail(f"vars.{key}", f"expected a string, got {_kind(value)}")
+                raise fail(f"vars.{key}", f"expected a string, got {json_kind(value)}")
             # promptfoo renders its prompt template into a chat provider's user turn; one user message
             # is the closest we get without the template.
             return [{"role": "user", "content": value}], "vars"
@@ -258,22 +250,22 @@ def _input_from_vars(raw_vars: Any, fail: Callable[..., InputError]) -> tuple[An
 
 def _parse_input(key: str, raw: Any, fail: Callable[..., InputError]) -> str | Messages:
     if key == "prompt" and not isinstance(raw, str):
-        raise fail(key, f"expected a string (a raw completion prompt), got {_kind(raw)}")
+        raise fail(key, f"expected a string (a raw completion prompt), got {json_kind(raw)}")
     if key == "messages" and not isinstance(raw, list):
-        raise fail(key, f"expected a list of chat messages, got {_kind(raw)}")
+        raise fail(key, f"expected a list of chat messages, got {json_kind(raw)}")
     if isinstance(raw, str):
         if not raw.strip():
             raise fail(key, "the input is empty")
         return raw
     if not isinstance(raw, list):
-        raise fail(key, f"expected a string or a list of chat messages, got {_kind(raw)}")
+        raise fail(key, f"expected a string or a list of chat messages, got {json_kind(raw)}")
     if not raw:
         raise fail(key, "the message list is empty")
     messages: Messages = []
     for i, message in enumerate(raw):
         where = f"{key}[{i}]"
         if not isinstance(message, dict):
-            raise fail(where, f"a message must be an object with 'role' and 'content', got {_kind(message)}")
+            raise fail(where, f"a message must be an object with 'role' and 'content', got {json_kind(message)}")
         role = message.get("role")
         if not isinstance(role, str) or not role.strip():
             raise fail(f"{where}.role", "a message needs a 'role' string (system, user, assistant)")
@@ -287,7 +279,7 @@ def _message_content(raw: Any, where: str, fail: Callable[..., InputError]) -> s
         return raw
     if isinstance(raw, list) and raw and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in raw):
         return "".join(p["text"] for p in raw)
-    raise fail(where, f"a message needs 'content' as a string (or a list of text parts), got {_kind(raw)}")
+    raise fail(where, f"a message needs 'content' as a string (or a list of text parts), got {json_kind(raw)}")
 
 
 def _parse_targets(key: str, raw: Any, fail: Callable[..., InputError]) -> tuple[str, ...]:
@@ -297,7 +289,7 @@ def _parse_targets(key: str, raw: Any, fail: Callable[..., InputError]) -> tuple
     targets: list[str] = []
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-            raise fail(key, f"expected a string or a list of strings, got {_kind(item)}")
+            raise fail(key, f"expected a string or a list of strings, got {json_kind(item)}")
         targets.append(str(item))
     return tuple(targets)
 
@@ -329,15 +321,3 @@ def _check_against_targets(check: Check, targets: tuple[str, ...], where: str,
         if all(choice_letter_of_target(t, letters) is None for t in targets):
             raise fail("target", f"a 'choice' check needs an answer letter ({letters}) as the target, "
                                  f"got {list(targets)}")
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"

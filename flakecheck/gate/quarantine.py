@@ -13,11 +13,12 @@ An entry past its expiry date fails the gate, so a quarantine cannot silently be
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import Any
 
+from flakecheck.data.jsonl import json_objects
 from flakecheck.errors import InputError, UserError
 
 
@@ -34,16 +35,13 @@ class QuarantineEntry:
 
 def load_quarantine(path: Path) -> list[QuarantineEntry]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read the quarantine file ({exc})") from exc
     entries: list[QuarantineEntry] = []
     seen: dict[str, int] = {}
-    for number, raw in enumerate(lines, start=1):
-        text = raw.strip()
-        if not text or text.startswith("#"):
-            continue
-        entry = _parse_line(str(path), number, text)
+    for number, obj in json_objects(str(path), text, comments=("#",)):
+        entry = _parse_entry(str(path), number, obj)
         if entry.case_id in seen:
             raise InputError(str(path), number, "id",
                              f"{entry.case_id!r} is already quarantined on line {seen[entry.case_id]}")
@@ -52,13 +50,7 @@ def load_quarantine(path: Path) -> list[QuarantineEntry]:
     return entries
 
 
-def _parse_line(path: str, number: int, text: str) -> QuarantineEntry:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(path, number, None, f"not a JSON object ({exc.msg})") from exc
-    if not isinstance(obj, dict):
-        raise InputError(path, number, None, 'expected {"id": ..., "reason": ..., "expires": "YYYY-MM-DD"}')
+def _parse_entry(path: str, number: int, obj: dict[str, Any]) -> QuarantineEntry:
     case_id = obj.get("id")
     if isinstance(case_id, bool) or not isinstance(case_id, (str, int)) or str(case_id) == "":
         raise InputError(path, number, "id", "a case id (string or integer) is required")

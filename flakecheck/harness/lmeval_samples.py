@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from flakecheck.data.jsonl import json_objects
 from flakecheck.errors import InputError
 from flakecheck.harness.model import HarnessLog, SampleRun, ScorerSpec, SentRequest
 from flakecheck.harness.verdicts import verdict
@@ -87,15 +88,7 @@ def _lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
     except UnicodeDecodeError as exc:
         raise InputError(name, None, None, f"not an lm-eval samples file (not UTF-8: {exc.reason})") from None
     lines = []
-    for number, raw in enumerate(text.split("\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise InputError(name, number, None, f"not an lm-eval samples file (malformed JSON: {exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise InputError(name, number, None, "not an lm-eval samples file (expected a JSON object per line)")
+    for number, obj in json_objects(name, text, what="an lm-eval samples file"):
         for key in ("doc_id", "arguments", "resps"):
             if key not in obj:
                 raise InputError(name, number, key, "missing: not an lm-eval --log_samples line")

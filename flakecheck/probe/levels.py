@@ -84,13 +84,15 @@ def make_levels(concurrency: list[int], fillers: int, prefix: bool) -> list[Load
 
 
 @dataclass(frozen=True)
-class Filler:
+class FillerPrompt:
+    """A filler request sent to a server: its text prompt and token limit."""
+
     prompt: str
     max_tokens: int
 
 
-def filler(index: int, level: str, repeat: int) -> Filler:
+def filler(index: int, level: str, repeat: int) -> FillerPrompt:
     """The index-th filler request of a level: the same words every time for the same (level, repeat)."""
     rng = random.Random(f"filler:{ORDER_SEED}:{level}:{repeat}:{index}")
     words = rng.randint(*FILLER_PROMPT_WORDS)
-    return Filler(" ".join(rng.choice(FILLER_WORDS) for _ in range(words)), rng.randint(*FILLER_MAX_TOKENS))
+    return FillerPrompt(" ".join(rng.choice(FILLER_WORDS) for _ in range(words)), rng.randint(*FILLER_MAX_TOKENS))

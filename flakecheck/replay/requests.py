@@ -1,6 +1,6 @@
 """What a replay sends the engine: each case as a request, and synthetic fillers beside them.
 
-A request's id says its kind: a case's id is the case id (a string); a filler's is a `Filler`. Only cases
+A request's id says its kind: a case's id is the case id (a string); a filler's is a `FillerId`. Only cases
 become traces; a filler shapes its steps (and, through a prefix cache, can share KV with a case).
 """
 
@@ -25,14 +25,14 @@ class CaseRequest:
 
 
 @dataclass(frozen=True)
-class Filler:
+class FillerId:
     """The request id of the k-th synthetic filler of a composition."""
 
     index: int
 
 
 def is_filler(request_id: Any) -> bool:
-    return isinstance(request_id, Filler)
+    return isinstance(request_id, FillerId)
 
 
 def trace_of(c: Completion, composition: str, repeat: int) -> Trace:
@@ -46,7 +46,7 @@ def build_requests(cases: Sequence[CaseRequest], composition: Composition, repea
     order = arrival_order(len(cases), composition, repeat)
     requests = [Request(cases[i].case_id, cases[i].prompt_ids, SamplingParams(cases[i].max_tokens)) for i in order]
     fillers = make_fillers(composition, vocab_size, special_ids, repeat, len(cases))
-    as_request = [Request(Filler(k), f.prompt_ids, SamplingParams(f.max_tokens, True), f.arrival)
+    as_request = [Request(FillerId(k), f.prompt_ids, SamplingParams(f.max_tokens, True), f.arrival)
                   for k, f in enumerate(fillers)]
     together = [r for r in as_request if r.arrival == 0]
     # The scheduler keeps submission order among equal arrival steps: interleaving makes the
