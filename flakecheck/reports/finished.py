@@ -18,9 +18,9 @@ from rich.markup import escape
 
 from flakecheck.console import output_console
 from flakecheck.data.rundir import RunData
+from flakecheck.reports import html as html_report
+from flakecheck.reports import terminal
 from flakecheck.reports.facts import empty_answer_warning, gather
-from flakecheck.reports.html import write_html
-from flakecheck.reports.terminal import render_summary, summary_line
 
 EXIT_REPORT_FAILED = 3
 
@@ -48,7 +48,7 @@ def write_report_html(run: RunData, path: Path) -> ReportError | None:
     """Write report.html; any failure comes back as a ReportError (raised by the caller once the run is
     complete) instead of propagating from the middle of finishing the run."""
     try:
-        write_html(run, path)
+        html_report.write_html(run, path)  # by the module: a test can break the renderer
     except Exception as exc:  # a renderer bug or a full disk must not cost the finished run
         return ReportError(run, path, exc)
     return None
@@ -61,12 +61,12 @@ def show_finished_run(run: RunData, quiet: bool, error: ReportError | None = Non
     summary_failed: Exception | None = None
     try:
         if quiet:
-            print(summary_line(run))  # one line whatever the terminal width: scripts grep it
+            print(terminal.summary_line(run))  # one line whatever the terminal width: scripts grep it
             warning = empty_answer_warning(gather(run))
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
         else:
-            render_summary(run, output_console())
+            terminal.render_summary(run, output_console())
     except Exception as exc:  # same reason as write_report_html
         summary_failed = exc
     if error is not None:

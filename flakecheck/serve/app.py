@@ -64,15 +64,15 @@ def build_app(state: ServerState, access_log: TextIO | None = None) -> FastAPI:
         s = state.settings
         return {**state.loop.stats.snapshot(), "max_num_seqs": s.max_num_seqs,
                 "max_num_batched_tokens": s.max_num_batched_tokens, "enable_prefix_caching": s.enable_prefix_caching,
-                "kernels": s.kernels, "system_fingerprint": state.fingerprint}
+                "kernels": state.spec.policy.name, "system_fingerprint": state.fingerprint}
 
     return app
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
-    s = state.settings
+    spec = state.spec
     return {"id": state.model_id, "object": "model", "created": state.created, "owned_by": "flakecheck",
-            "root": s.model, "max_model_len": state.max_context,
-            "flakecheck": {"kernels": state.spec.policy.name, "backend": state.spec.backend, "profile": s.profile,
+            "root": state.settings.engine.model, "max_model_len": state.max_context,
+            "flakecheck": {"kernels": spec.policy.name, "backend": spec.backend, "profile": spec.profile,
                            "dtype": str(state.loaded.dtype).removeprefix("torch."),
-                           "machine": state.spec.machine.describe(), "verified": state.spec.verification.summary()}}
+                           "machine": spec.machine.describe(), "verified": spec.verification.summary()}}
