@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
+from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt
 from flakecheck.engine.loader import LoadedModel
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
@@ -71,43 +71,52 @@ def time_engine(engine: LLMEngine, prompts: list[list[int]], batch: int, max_tok
 def time_hf(hf_model: Any, pad_id: int, prompts: list[list[int]], batch: int, max_tokens: int) -> tuple[float, int]:
     """Seconds and generated tokens for `generate` over `prompts` in left-padded batches of `batch`."""
     seconds, generated = 0.0, 0
+    device = hf_model.device
     for lo in range(0, len(prompts), batch):
         group = prompts[lo : lo + batch]
         width = max(len(p) for p in group)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
         start = time.perf_counter()
         with torch.inference_mode():
             out = hf_model.generate(
                 input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_tokens,
                 min_new_tokens=max_tokens, pad_token_id=pad_id,
             )
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the engine's side waits for its tokens too (it reads them back)
         seconds += time.perf_counter() - start
         generated += (out.shape[1] - width) * len(group)
     return seconds, generated
 
 
-def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16") -> dict[str, Any]:
-    """Tokens per second of both sides at every batch size; the two sides alternate round by round."""
+def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device: str = "cpu",
+                  kernels_policy: str = "native") -> dict[str, Any]:
+    """Tokens per second of both sides at every batch size; the two sides alternate round by round. `device`
+    (resolved: cpu or cuda:N) holds both; the engine runs `kernels_policy` (native: the framework's own)."""
     threads = os.environ.get("FLAKECHECK_BENCH_THREADS")
     if threads:  # both sides share the process, hence the thread count
         torch.set_num_threads(int(threads))
-    model = load_model(spec, dtype)
+    settings = EngineSettings(spec, dtype, KernelPolicy.of(kernels_policy), device=device)
+    model = settings.load()
     prompts = chat_prompts(model, workload.num_prompts)
     start = time.perf_counter()
-    # the native kernels on the paths chosen for this machine (its CPU's bf16 instructions, if any)
-    kernels = resolve_engine(EngineSettings(spec, dtype, KernelPolicy.of("native")), ProbeDims.of(model.config))
+    # the kernels on the paths chosen for this machine (its CPU's bf16 instructions, if any; a GPU's own)
+    kernels = resolve_engine(settings, ProbeDims.of(model.config))
     engine = LLMEngine(model, kernels.ops())
     engine_setup_s = time.perf_counter() - start
     start = time.perf_counter()
-    hf_model = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype, use_safetensors=True).eval()
+    placed = {"device_map": device} if device != "cpu" else {}
+    hf_model = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype, use_safetensors=True,
+                                                    **placed).eval()
     hf_setup_s = time.perf_counter() - start
     pad_id = model.tokenizer.pad_token_id
     pad_id = pad_id if pad_id is not None else min(model.eos_token_ids)
     # warm both sides up (first-call allocations, lazy imports) outside the timed rounds
     time_engine(engine, prompts[:2], 2, 2)
     time_hf(hf_model, pad_id, prompts[:2], 2, 2)
-    result: dict[str, Any] = {"model": spec, "dtype": dtype, "threads": torch.get_num_threads(),
+    result: dict[str, Any] = {"model": spec, "dtype": dtype, "device": device, "kernels": kernels_policy,
+                              "threads": torch.get_num_threads(),
                               "machine": kernels.machine.describe(), "native_matmul": kernels.paths.native_matmul,
                               **asdict(workload), "engine_setup_s": round(engine_setup_s, 2),
                               "hf_setup_s": round(hf_setup_s, 2)}
@@ -137,8 +146,9 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16") -> dic
     return result
 
 
-def main(json_out: bool = False, quick: bool = False) -> None:
-    result = run_benchmark("smollm2", QUICK if quick else FULL)
+def main(json_out: bool = False, quick: bool = False, device: str = "cpu", model: str = "smollm2",
+         kernels: str = "native") -> None:
+    result = run_benchmark(model, QUICK if quick else FULL, device=device, kernels_policy=kernels)
     if json_out:
         print(json.dumps(result))
         return

@@ -33,21 +33,22 @@ POLICIES = ("native", "invariant", "splitk")
 CONTEXT = 128
 
 
-def main(json_out: bool = False, quick: bool = False) -> None:
+def main(json_out: bool = False, quick: bool = False, device: str = "cpu") -> None:
+    """`device`: resolved (cpu or cuda:N); on a GPU the split-K and fixed-order orders run as Triton kernels."""
     batch_sizes, repeats = ((1, 16), 2) if quick else ((1, 16, 64), 5)
     torch.manual_seed(0)
-    loaded = load_model("smollm2", "bfloat16")
-    specs = {policy: resolve_engine(EngineSettings(policy=KernelPolicy.of(policy), backend="torch"),
+    loaded = load_model("smollm2", "bfloat16", device)
+    specs = {policy: resolve_engine(EngineSettings(policy=KernelPolicy.of(policy), device=device),
                                     ProbeDims.of(loaded.config)) for policy in POLICIES}
     ops = {policy: spec.ops() for policy, spec in specs.items()}
     models = {policy: build_model(loaded, o) for policy, o in ops.items()}
     fp32_bytes = _fp32_copy_bytes(models["splitk"])
     results: dict[str, dict[str, dict[str, float]]] = {}
     for batch in batch_sizes:
-        cases = _op_cases(loaded, batch)
+        cases = _op_cases(loaded, batch, device)
         cases["decode_step"] = lambda o, b=batch: engine_step(models[o.policy.name], loaded, b)
         for name, make in cases.items():
-            timings = interleaved({p: make(ops[p]) for p in POLICIES}, repeats)
+            timings = interleaved({p: make(ops[p]) for p in POLICIES}, repeats, device)
             results.setdefault(f"batch_{batch}", {})[name] = timings
             if not json_out:
                 cells = "  ".join(f"{p} {timings[p] * 1e3:8.2f} ms" for p in POLICIES)
@@ -58,8 +59,8 @@ def main(json_out: bool = False, quick: bool = False) -> None:
         "bench": "kernels",
         "model": "smollm2",
         "dtype": "bfloat16",
-        "backend": "torch",
-        "device": "cpu",
+        "backend": specs["invariant"].backend,
+        "device": device,
         "threads": torch.get_num_threads(),
         "machine": specs["invariant"].machine.describe(),
         "paths": {policy: spec.paths.fallbacks() for policy, spec in specs.items()},
@@ -82,7 +83,7 @@ def _fp32_copy_bytes(model) -> int:
     return sum(lin.weights.w32.numel() * 4 for lin in linears if lin.weights.w32 is not None)
 
 
-def _op_cases(loaded: LoadedModel, batch: int) -> dict[str, Callable[[Ops], Callable[[], object]]]:
+def _op_cases(loaded: LoadedModel, batch: int, device: str) -> dict[str, Callable[[Ops], Callable[[], object]]]:
     c, dtype = loaded.config, loaded.dtype
     layer = "model.layers.0."
     shapes = {
@@ -95,22 +96,22 @@ def _op_cases(loaded: LoadedModel, batch: int) -> dict[str, Callable[[Ops], Call
     cases: dict[str, Callable[[Ops], Callable[[], object]]] = {}
     for name, n in shapes.items():
         k = c.intermediate_size if name == "down" else (c.num_heads * c.head_dim if name == "o_proj" else c.hidden_size)
-        x = torch.randn(batch, k, dtype=dtype)
-        w = torch.randn(n, k, dtype=dtype) * k**-0.5
+        x = torch.randn(batch, k, dtype=dtype, device=device)
+        w = torch.randn(n, k, dtype=dtype, device=device) * k**-0.5
 
         def linear_case(o: Ops, x: torch.Tensor = x, w: torch.Tensor = w) -> Callable[[], object]:
             prepared = o.prepare_linear(w)  # what the model makes once, when it is built
             return lambda: o.linear(x, prepared)
 
         cases[name] = linear_case
-    hidden = torch.randn(batch, c.hidden_size, dtype=dtype)
+    hidden = torch.randn(batch, c.hidden_size, dtype=dtype, device=device)
     norm_w = loaded.weights[f"{layer}input_layernorm.weight"]
     cases["rmsnorm"] = lambda o: (lambda: o.rmsnorm(hidden, norm_w, c.rms_norm_eps))
-    logits = torch.randn(batch, c.vocab_size, dtype=dtype) * 4
+    logits = torch.randn(batch, c.vocab_size, dtype=dtype, device=device) * 4
     cases["log_softmax"] = lambda o: (lambda: o.log_softmax(logits))
-    k_cache = torch.randn(batch, CONTEXT + 64, c.num_kv_heads, c.head_dim, dtype=dtype)
+    k_cache = torch.randn(batch, CONTEXT + 64, c.num_kv_heads, c.head_dim, dtype=dtype, device=device)
     v_cache = torch.randn_like(k_cache)
-    q = torch.randn(batch, c.num_heads, c.head_dim, dtype=dtype)
+    q = torch.randn(batch, c.num_heads, c.head_dim, dtype=dtype, device=device)
     attn = _decode_attention_batch(batch)
     cases["attention"] = lambda o: (lambda: o.attention(q, k_cache, v_cache, attn, c.head_dim**-0.5))
     return cases
@@ -126,7 +127,8 @@ def engine_step(model, loaded: LoadedModel, batch: int, query_len: int = 1, cont
     `query_len` of its `context` tokens (1: a decode step; `context`: a whole prompt's prefill), planned
     under `policy` (None: the model's own; else one its weights are prepared for)."""
     c = loaded.config
-    cache = KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, loaded.dtype, length=context + 64)
+    cache = KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, loaded.dtype, length=context + 64,
+                    device=loaded.device)
     for t in cache.k + cache.v:
         t.normal_()
     # the engine's own packing, so the bench follows the engine's batch layout
@@ -141,15 +143,19 @@ def engine_step(model, loaded: LoadedModel, batch: int, query_len: int = 1, cont
     return lambda: runner.forward([step])
 
 
-def interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """The median seconds of each call, the calls taking turns (after one warm-up each)."""
+def interleaved(calls: dict[str, Callable[[], object]], repeats: int, device: str = "cpu") -> dict[str, float]:
+    """The median seconds of each call, the calls taking turns (after one warm-up each; on a GPU, Triton's
+    compilation too, and each timing waits for the kernels it launched)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for call in calls.values():  # warm-up: allocator, first-touch of caches
         call()
+    sync()
     times: dict[str, list[float]] = {p: [] for p in calls}
     for _ in range(repeats):
         for policy, call in calls.items():
             t0 = time.perf_counter()
             call()
+            sync()
             times[policy].append(time.perf_counter() - t0)
     return {p: statistics.median(ts) for p, ts in times.items()}
 

@@ -39,7 +39,11 @@ def run_cli(
     kernels: str = typer.Option("splitk", help="splitk (production-like variance) | invariant | native, or one per "
                                 "op class: matmul=splitk,attention=invariant,norm=invariant"),
     backend: str = typer.Option("auto", help="auto | torch | triton"),
-    profile: str = typer.Option("h100", help="device profile for split counts: h100 | a100 | h200 | l4"),
+    profile: str = typer.Option("auto", help="device profile for split counts: auto (on a GPU its own SM count; on "
+                                "the CPU h100) | h100 | a100 | h200 | l4 | sm<N>"),
+    device: str = typer.Option("auto", help="auto (CUDA when torch sees a GPU, else cpu) | cpu | cuda | cuda:N"),
+    gpu_memory_utilization: float = typer.Option(0.9, help="on a GPU: the share of its memory the weights and the "
+                                                 "KV cache may take"),
     compositions: Path | None = typer.Option(None, help="compositions file (.jsonl or .json)"),
     composition: list[str] | None = typer.Option(None, help="key=value,... (repeatable), e.g. name=b4,max_batch=4"),
     max_tokens: int = typer.Option(64, help="default max new tokens per case"),
@@ -75,8 +79,9 @@ def run_cli(
     from flakecheck.cli.run import run_from_cli
 
     run_from_cli(
-        suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile, device="cpu",
-        compositions_file=compositions, composition_specs=composition or [], max_tokens=max_tokens,
+        suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile, device=device,
+        gpu_memory_utilization=gpu_memory_utilization, compositions_file=compositions,
+        composition_specs=composition or [], max_tokens=max_tokens,
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
         out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
@@ -204,11 +209,14 @@ def explain_cli(
     workers: int = typer.Option(2, help="--ray: replay actors (each loads the model once)"),
     cpus_per_worker: int | None = typer.Option(None, help="--ray: CPUs (threads) per actor (default: shared out)"),
     allow_mixed_devices: bool = typer.Option(False, help="--ray: run even when actors' machines differ"),
+    device: str | None = typer.Option(None, help="replay on this device (auto | cpu | cuda | cuda:N) instead of "
+                                      "the one the run recorded"),
 ) -> None:
     from flakecheck.cli.explain import explain_from_cli
 
     raise typer.Exit(explain_from_cli(run_dir, ids, json_out, steps_after, grader, grader_timeout, suite,
-                                      not no_fixes, top, quiet, ray, workers, cpus_per_worker, allow_mixed_devices))
+                                      not no_fixes, top, quiet, ray, workers, cpus_per_worker, allow_mixed_devices,
+                                      device))
 
 
 @app.command("repro",
@@ -230,7 +238,7 @@ def repro_cli(
                      "machine's fingerprint, and what a run verifies and falls back to; exit 1 if the invariant "
                      "policy is not invariant here.\n\nExample: flakecheck kernels check --json")
 def kernels_check(
-    device: str = typer.Option("cpu", help="cpu | cuda"),
+    device: str = typer.Option("auto", help="auto (CUDA when torch sees a GPU, else cpu) | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
     backend: str = typer.Option("auto", help="auto | torch | triton"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -249,7 +257,11 @@ def serve_cli(
     kernels: str = typer.Option("splitk", help="splitk (production-like batch variance) | invariant "
                                 "(deterministic) | native"),
     dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
-    profile: str = typer.Option("h100", help="device profile for split counts: h100 | a100 | h200 | l4"),
+    profile: str = typer.Option("auto", help="device profile for split counts: auto (on a GPU its own SM count; on "
+                                "the CPU h100) | h100 | a100 | h200 | l4 | sm<N>"),
+    device: str = typer.Option("auto", help="auto (CUDA when torch sees a GPU, else cpu) | cpu | cuda | cuda:N"),
+    gpu_memory_utilization: float = typer.Option(0.9, help="on a GPU: the share of its memory the weights and the "
+                                                 "KV cache may take"),
     host: str = typer.Option("127.0.0.1", help="address to listen on (loopback by default)"),
     port: int = typer.Option(8000, help="port; 0 picks a free one (printed at start-up)"),
     max_num_seqs: int = typer.Option(32, help="most sequences in one engine step"),
@@ -263,7 +275,8 @@ def serve_cli(
     from flakecheck.cli.serve import serve_command
     from flakecheck.serve.state import ServeSettings
 
-    settings = ServeSettings.parse(model=model, kernels=kernels, dtype=dtype, profile=profile, device="cpu",
+    settings = ServeSettings.parse(model=model, kernels=kernels, dtype=dtype, profile=profile, device=device,
+                                   gpu_memory_utilization=gpu_memory_utilization,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
                                    served_model_name=served_model_name)
@@ -287,14 +300,31 @@ def bench_cli(
     workers: int = typer.Option(2, help="run --ray: replay actors"),
     limit: int | None = typer.Option(None, help="calibration: only the first N demo cases (default all 111)"),
     sample: int | None = typer.Option(None, help="calibration: compositions to sample (default 32)"),
+    device: str = typer.Option("auto", help="engine, kernels: auto (CUDA when torch sees a GPU) | cpu | cuda | "
+                               "cuda:N; the other benchmarks measure the CPU"),
+    model: str = typer.Option("smollm2", help="engine: the model (smollm2 | a Hugging Face directory | FILE.gguf)"),
+    kernels: str = typer.Option("native", help="engine: the engine's kernels (native: the framework's own, what "
+                                "`generate` runs; splitk | invariant)"),
 ) -> None:
     import importlib
+
+    from flakecheck.machine.device import resolve_device
 
     targets = ("engine", "kernels", "run", "pinning", "scale", "calibration")
     if target not in targets:
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
+    resolved = resolve_device(device)
+    if resolved != "cpu" and target not in ("engine", "kernels") and device != "auto":
+        raise UserError(f"--device {device}: bench {target} measures the CPU; --device applies to bench engine and "
+                        "bench kernels")
     module = importlib.import_module(f"flakecheck.bench.{target}")
     extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning") else {}
+    if target == "engine":
+        if kernels not in ("native", "splitk", "invariant"):
+            raise UserError(f"--kernels must be native, splitk or invariant, got {kernels!r}")
+        extra = {"device": resolved, "model": model, "kernels": kernels}
+    if target == "kernels":
+        extra = {"device": resolved}
     if target == "run" and ray is not None:
         extra.update(ray=ray, workers=workers)
     if target == "scale":

@@ -21,12 +21,13 @@ from flakecheck.run.settings import parse_ids
 def explain_from_cli(run_dir: Path, ids: str | None, json_out: bool, steps_after: int, grader: str | None,
                      grader_timeout: float = DEFAULT_TIMEOUT_S, suite: Path | None = None, fixes: bool = True,
                      top: int = 20, quiet: bool = False, ray: str | None = None, workers: int = 2,
-                     cpus_per_worker: int | None = None, allow_mixed_devices: bool = False) -> int:
+                     cpus_per_worker: int | None = None, allow_mixed_devices: bool = False,
+                     device: str | None = None) -> int:
     try:
         run = explain_run(run_dir, ids=parse_ids(ids), steps_after=steps_after, grader=grader,
                           grader_timeout=grader_timeout, suite=suite, fixes=fixes, progress=not (quiet or json_out),
                           ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
-                          allow_mixed_devices=allow_mixed_devices)
+                          allow_mixed_devices=allow_mixed_devices, device=device)
     except KeyboardInterrupt:
         # explain writes its tables only at the end: an interruption leaves the run directory as it was
         print(f"interrupted: {run_dir} is unchanged (explain writes nothing until it has finished)", file=sys.stderr)

@@ -17,7 +17,8 @@ from flakecheck.run.settings import RunConfig, parse_ids
 
 
 def run_from_cli(suite: Path, *, model: str, dtype: str, kernels: str, backend: str, profile: str, device: str,
-                 compositions_file: Path | None, composition_specs: list[str], max_tokens: int, gap_threshold: float,
+                 gpu_memory_utilization: float, compositions_file: Path | None, composition_specs: list[str],
+                 max_tokens: int, gap_threshold: float,
                  gap_window: int, repeat: int, limit: int | None, ids: str | None, out: Path | None, resume: bool,
                  replay: str, input_format: str, html: bool, quiet: bool, grader: str | None, grader_timeout: float,
                  ray: str | None, workers: int, cpus_per_worker: int | None, allow_mixed_devices: bool,
@@ -29,7 +30,8 @@ def run_from_cli(suite: Path, *, model: str, dtype: str, kernels: str, backend: 
         compositions = compositions[:1]  # the reference alone beside the draws
     config = RunConfig.parse(
         suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile, device=device,
-        compositions=compositions, max_tokens=max_tokens, gap_threshold=gap_threshold, gap_window=gap_window,
+        gpu_memory_utilization=gpu_memory_utilization, compositions=compositions, max_tokens=max_tokens,
+        gap_threshold=gap_threshold, gap_window=gap_window,
         repeat=repeat, limit=limit, ids=parse_ids(ids), replay=replay, out=out, html=html, input_format=input_format,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
         allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, sample_seed=seed)

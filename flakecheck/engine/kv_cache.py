@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from flakecheck.errors import UserError
+
+
+class KVCacheTooLarge(UserError):
+    """The cache a workload needs exceeds what the GPU may give it (exit 2, saying how much it needs)."""
 
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, length: int = 256) -> None:
+                 dtype: torch.dtype, length: int = 256, device: str | torch.device = "cpu",
+                 budget_bytes: int | None = None) -> None:
+        self.budget_bytes = budget_bytes
         self.shape = (num_slots, length, num_kv_heads, head_dim)
-        self.k = [torch.zeros(self.shape, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(self.shape, dtype=dtype) for _ in range(num_layers)]
+        self._check_budget(num_layers, self.shape, dtype)
+        self.k = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(self.shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.free_slots = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
+    def _check_budget(self, num_layers: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        if self.budget_bytes is None:
+            return
+        needed = 2 * num_layers * math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        if needed > self.budget_bytes:
+            slots, length = shape[0], shape[1]
+            raise KVCacheTooLarge(
+                f"the KV cache for {slots} sequences of up to {length} tokens needs {needed / (1 << 30):.2f} GiB, "
+                f"but {self.budget_bytes / (1 << 30):.2f} GiB of the GPU are left for it after the weights: lower "
+                "the batch (max_batch, --max-num-seqs) or --max-tokens, or raise --gpu-memory-utilization")
 
     @property
     def length(self) -> int:
@@ -22,10 +48,18 @@ class KVCache:
         if needed <= self.length:
             return
         new_len = max(needed, 2 * self.length)
+        if self.budget_bytes is not None:
+            self._check_budget(len(self.k), (self.shape[0], needed, *self.shape[2:]), self.k[0].dtype)
+            new_len = max(needed, min(new_len, self._longest_in_budget()))
         grow = (self.shape[0], new_len - self.length, *self.shape[2:])
         self.k = [torch.cat((t, t.new_zeros(grow)), dim=1) for t in self.k]
         self.v = [torch.cat((t, t.new_zeros(grow)), dim=1) for t in self.v]
         self.shape = (self.shape[0], new_len, *self.shape[2:])
+
+    def _longest_in_budget(self) -> int:
+        assert self.budget_bytes is not None
+        per_position = 2 * len(self.k) * self.shape[0] * math.prod(self.shape[2:]) * self.k[0].element_size()
+        return self.budget_bytes // per_position
 
     def allocate(self) -> int:
         return self.free_slots.pop()

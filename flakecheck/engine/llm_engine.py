@@ -15,7 +15,7 @@ from flakecheck.engine.sequence import Completion
 from flakecheck.kernels import Ops, get_ops
 from flakecheck.kernels.policy import KernelPolicy
 
-__all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt",
+__all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt", "kv_cache",
            "token_texts"]
 
 
@@ -23,6 +23,13 @@ def build_model(model: LoadedModel, ops: Ops) -> LlamaForCausalLM:
     """The model's layers over the loaded weights, with what `ops`' policy derives from them."""
     config = model.config
     return MODEL_CLASSES[config.architecture](config, model.weights, ops, config.max_context)
+
+
+def kv_cache(model: LoadedModel, num_slots: int, length: int = 256) -> KVCache:
+    """A KV cache for `model` on its device, within what its GPU leaves for one (no bound on the CPU)."""
+    c = model.config
+    return KVCache(c.num_layers, num_slots, c.num_kv_heads, c.head_dim, model.dtype, length, model.device,
+                   model.kv_budget_bytes)
 
 
 class LLMEngine:
@@ -34,8 +41,7 @@ class LLMEngine:
         self.loaded = model
         self.model = network if network is not None else build_model(model, ops or get_ops(KernelPolicy.of("native")))
         self.ops = self.model.ops
-        config = model.config
-        self.cache = KVCache(config.num_layers, max_num_seqs, config.num_kv_heads, config.head_dim, model.dtype)
+        self.cache = kv_cache(model, max_num_seqs)
         self.runner = ModelRunner(self.model, self.cache)
         self.eos_token_ids = model.eos_token_ids
         self.core: EngineCore | None = None
@@ -54,8 +60,7 @@ class LLMEngine:
         if self.has_unfinished():
             raise RuntimeError("reconfigure() with requests still in flight")
         if max_num_seqs != self.cache.shape[0]:
-            c = self.loaded.config
-            self.cache = KVCache(c.num_layers, max_num_seqs, c.num_kv_heads, c.head_dim, self.loaded.dtype)
+            self.cache = kv_cache(self.loaded, max_num_seqs)
             self.runner = ModelRunner(self.model, self.cache)
         config = self.loaded.config
         self.core = EngineCore(self.cache, self.eos_token_ids, config.max_context, max_num_seqs,

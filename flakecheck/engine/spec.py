@@ -29,7 +29,7 @@ from flakecheck.machine.selfcheck import Verification, verify
 class EngineSpec:
     policy: KernelPolicy
     backend: str  # resolved: torch | triton
-    device: str  # cpu | cuda
+    device: str  # cpu | cuda:N
     profile: str
     dtype: str
     verification: Verification
@@ -80,13 +80,15 @@ def resolve_engine(settings: EngineSettings, dims: ProbeDims, *, use_cache: bool
     primitive, the failed probe and the machine. `also`: other policies the same kernels will plan steps with
     (explain's one-mechanism variants): each is verified too, and every primitive takes the most conservative
     path any of them needed."""
-    policy, dtype = settings.policy, getattr(torch, settings.dtype)
-    resolved = "torch" if policy.name == "native" else resolve_backend(settings.backend, settings.device)
-    verification = verify(policy, dims, dtype, settings.profile, use_cache=use_cache)
+    policy, dtype, device = settings.policy, getattr(torch, settings.dtype), settings.device
+    resolved = "torch" if policy.name == "native" else resolve_backend(settings.backend, device)
+    verification = verify(policy, dims, dtype, settings.profile, use_cache=use_cache, device=device,
+                          backend=resolved)
     if verification.refused:
         raise UserError(refusal(policy, verification))
     for other in also:
-        extra = verify(other, dims, dtype, settings.profile, use_cache=use_cache)
+        extra = verify(other, dims, dtype, settings.profile, use_cache=use_cache, device=device,
+                       backend="torch" if other.name == "native" else resolved)
         if extra.refused:
             raise UserError(refusal(other, extra))
         verification = replace(verification, paths=conservative(verification.paths, extra.paths))

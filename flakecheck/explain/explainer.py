@@ -24,7 +24,7 @@ from rich.console import Console
 from flakecheck.analysis.attribution import case_summary
 from flakecheck.analysis.verdicts import memo_decode
 from flakecheck.data.rundir import RunData, RunDirectory, with_explanation
-from flakecheck.engine import LoadedModel, build_model, decode_tokens, load_model, token_texts
+from flakecheck.engine import LoadedModel, build_model, decode_tokens, token_texts
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.errors import UserError
@@ -46,18 +46,20 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
                 grader: str | Sequence[str] | None = None, grader_timeout: float = DEFAULT_TIMEOUT_S,
                 suite: str | Path | None = None, fixes: bool = True, model: LoadedModel | None = None,
                 progress: bool = False, cost_repeats: int = 3, ray: str | None = None, workers: int = 2,
-                cpus_per_worker: int | None = None, allow_mixed_devices: bool = False) -> RunData:
+                cpus_per_worker: int | None = None, allow_mixed_devices: bool = False,
+                device: str | None = None) -> RunData:
     """Explain the diverged cases of a run directory (those of `ids`, when given) and write what was found
     into it; returns the run loaded again, with `attribution`, `fixes` and `explain` set.
 
     `grader` grades the fixed outputs (default: the grader the run used, else the suite's checks); `suite`
     points at the run's suite file when it moved; `fixes=False` skips the fix list and its costs. `ray` runs
     the targeted replays in shards on a Ray cluster ("local", "auto" or an address; see `run_suite`); the
-    fixes' cost timings stay on this machine, whose engine they price."""
+    fixes' cost timings stay on this machine, whose engine they price. `device` replays on another device than
+    the run's (auto, cpu, cuda:N): a run made on a GPU explained on a CPU, say."""
     started = time.perf_counter()
     if isinstance(steps_after, bool) or not isinstance(steps_after, int) or steps_after < 0:
         raise UserError(f"--steps-after must be an integer >= 0, got {steps_after!r}")
-    source = open_run(run_dir, suite)
+    source = open_run(run_dir, suite, device)
     spec = _grader(source, grader, grader_timeout)
     divergences = source.divergences(tuple(ids))
     info: dict[str, Any] = {
@@ -70,7 +72,7 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
     fix_table: list[dict[str, Any]] | None = None
     if divergences:
         t0 = time.perf_counter()
-        loaded = model if model is not None else load_model(source.config.engine.model, source.config.engine.dtype)
+        loaded = model if model is not None else source.config.engine.load()
         with_requests(source, loaded)
         mechanism_pairs = {d.case_id: pairs(d, source.reference, source.policy) for d in divergences}
         explain_replays, fix_replays = Replays(source), Replays(source)

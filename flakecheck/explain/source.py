@@ -90,8 +90,9 @@ def _at(tokens: list[int], step: int) -> int | None:
     return tokens[step] if step < len(tokens) else None
 
 
-def open_run(run_dir: str | Path, suite: str | Path | None = None) -> RunSource:
-    """Reopen a run directory written by `flakecheck run`; UserError (exit 2) when it cannot be explained."""
+def open_run(run_dir: str | Path, suite: str | Path | None = None, device: str | None = None) -> RunSource:
+    """Reopen a run directory written by `flakecheck run`; UserError (exit 2) when it cannot be explained.
+    `device`: replay on it instead of the recorded device."""
     run = load_run(run_dir, explanation=False)
     meta = run.meta
     where = Path(run_dir) / "meta.json"
@@ -99,8 +100,12 @@ def open_run(run_dir: str | Path, suite: str | Path | None = None) -> RunSource:
         raise UserError(f"{where}: this run was not replayed by flakecheck's engine (source "
                         f"{meta.get('source')!r}, no 'config' block): explain and repro replay through the engine")
     try:
-        config = RunConfig.from_dict(meta["config"])
-    except (TypeError, ValueError, UserError) as exc:
+        config = RunConfig.from_dict(meta["config"], device=device)
+    except UserError as exc:
+        if device is None and str(exc).startswith("--device"):  # made on a GPU this machine lacks
+            raise UserError(f"{where}: the run's device: {exc} (--device cpu explains it on this machine)") from None
+        raise UserError(f"{where}: field 'config' does not describe a run: {exc}") from None
+    except (TypeError, ValueError) as exc:
         raise UserError(f"{where}: field 'config' does not describe a run: {exc}") from None
     policy = config.policy
     if policy.physical:

@@ -64,10 +64,20 @@ MAX_ROW_SPLITS = 4
 
 
 def get_profile(name: str | None) -> DeviceProfile:
+    """A named profile, or `sm<N>`: any GPU by its SM count (what `--profile auto` names the GPU it runs on)."""
     key = (name or DEFAULT_PROFILE).lower()
-    if key not in PROFILES:
-        raise ValueError(f"unknown device profile {name!r}; choose one of {', '.join(PROFILES)}")
-    return PROFILES[key]
+    if key in PROFILES:
+        return PROFILES[key]
+    if key.startswith("sm") and key[2:].isdigit() and int(key[2:]) > 0:
+        return DeviceProfile(key, int(key[2:]))
+    raise ValueError(f"unknown device profile {name!r}; choose one of {', '.join(PROFILES)}, sm<N> (a GPU with N "
+                     "SMs) or auto")
+
+
+def profile_for_sms(sms: int) -> str:
+    """The name of the profile of a GPU with `sms` SMs: a named one when one has that count, else `sm<N>`."""
+    named = [p.name for p in PROFILES.values() if p.sms == sms]
+    return named[0] if named else f"sm{sms}"
 
 
 def _tile_shape(m: int, n: int) -> tuple[int, int]:

@@ -27,8 +27,13 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
     """`auto` means Triton on CUDA and the torch twins on CPU. ValueError naming the choices."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    on_gpu = torch.device(device).type == "cuda"
     if backend == "auto":
-        return "triton" if torch.device(device).type == "cuda" else "torch"
+        return "triton" if on_gpu else "torch"
+    if backend == "torch" and on_gpu:
+        raise ValueError("the torch twins are CPU kernels (FBGEMM and MKL paths): on a GPU the split-K and "
+                         "fixed-order orders run as Triton kernels (use --backend triton or auto), and "
+                         "--kernels native runs torch's own CUDA ops")
     if backend == "triton" and not triton_runs_on(device):
         raise ValueError("the Triton kernels run on a GPU (on CPU only under TRITON_INTERPRET=1, slow; meant for "
                          "small tests): use --backend torch or auto here")

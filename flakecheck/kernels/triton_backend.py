@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from flakecheck.kernels import triton_kernels as tk
 from flakecheck.kernels.layout import AttentionLayout
 from flakecheck.kernels.native import native_log_softmax, native_rmsnorm
+from flakecheck.kernels.paths import FAST
 from flakecheck.kernels.plan import FIXED, NATIVE
 from flakecheck.kernels.weights import LinearWeights
 
@@ -29,6 +30,8 @@ class TritonAttentionGroup:
 
 class TritonBackend:
     name = "triton"
+    # one kernel a primitive: the CPU paths (FBGEMM, MKL, fallbacks) the self-check chooses among are not Triton's
+    paths = FAST
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None, orders: set[str]) -> LinearWeights:
         return LinearWeights(weight.detach().contiguous(), bias, None, None)  # the kernels read the weight itself

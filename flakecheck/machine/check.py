@@ -29,8 +29,10 @@ from flakecheck.errors import UserError
 from flakecheck.kernels.ops import Ops
 from flakecheck.kernels.paths import FAST
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.profiles import DEFAULT_PROFILE, profile_for_sms
 from flakecheck.kernels.registry import DTYPES, POLICIES, get_ops, resolve_backend
 from flakecheck.machine import probes
+from flakecheck.machine.device import device_sms, resolve_device
 from flakecheck.machine.probes import BLOCK_ROWS, SMOLLM2
 from flakecheck.machine.selfcheck import Verification, verify
 
@@ -39,10 +41,15 @@ VERIFIED = ("invariant", "splitk")
 
 def check_command(device: str = "cpu", dtype: str = "bfloat16", backend: str = "auto", json_out: bool = False,
                   fresh: bool = False) -> int:
+    device = resolve_device(device)
     _check(device, dtype, backend)
     torch_dtype = getattr(torch, dtype)
-    verdicts = {p: verify(KernelPolicy.of(p), SMOLLM2, torch_dtype, use_cache=not fresh) for p in VERIFIED}
-    results = run_matrix(torch.device(device), torch_dtype, backend, verdicts)
+    resolved = resolve_backend(backend, device)
+    sms = device_sms(device)
+    profile = profile_for_sms(sms) if sms is not None else DEFAULT_PROFILE  # a GPU's own split heuristics
+    verdicts = {p: verify(KernelPolicy.of(p), SMOLLM2, torch_dtype, profile, use_cache=not fresh, device=device,
+                          backend=resolved) for p in VERIFIED}
+    results = run_matrix(torch.device(device), torch_dtype, backend, verdicts, profile)
     fingerprint = verdicts["invariant"].fingerprint
     if json_out:
         print(json.dumps({"device": device, "dtype": dtype, "machine": fingerprint.to_dict(),
@@ -56,10 +63,6 @@ def check_command(device: str = "cpu", dtype: str = "bfloat16", backend: str = "
 
 def _check(device: str, dtype: str, backend: str) -> None:
     """UserError (exit 2) naming the first bad option."""
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"unknown device {device!r}; choose cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available here")
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     try:
@@ -68,15 +71,15 @@ def _check(device: str, dtype: str, backend: str) -> None:
         raise UserError(str(exc)) from None
 
 
-def run_matrix(device: torch.device, dtype: torch.dtype, backend: str,
-               verdicts: dict[str, Verification]) -> list[dict[str, Any]]:
+def run_matrix(device: torch.device, dtype: torch.dtype, backend: str, verdicts: dict[str, Verification],
+               profile: str = DEFAULT_PROFILE) -> list[dict[str, Any]]:
     """Every (policy, op, check) of the matrix with its largest difference."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    checks = _checks(gen, dtype)
+    checks = _checks(gen, dtype, device)
     results = []
     for policy in POLICIES:
         paths = verdicts[policy].paths if policy in verdicts else FAST
-        ops = get_ops(KernelPolicy.of(policy), backend, "h100", device, paths=paths)
+        ops = get_ops(KernelPolicy.of(policy), backend, profile, device, paths=paths)
         for (op, check), probe in checks.items():
             diff = probe(ops)
             results.append({"policy": policy, "op": op, "check": check, "invariant": diff == 0.0,
@@ -84,14 +87,16 @@ def run_matrix(device: torch.device, dtype: torch.dtype, backend: str,
     return results
 
 
-def _checks(gen: torch.Generator, dtype: torch.dtype) -> dict[tuple[str, str], Callable[[Ops], float]]:
+def _checks(gen: torch.Generator, dtype: torch.dtype,
+            device: torch.device) -> dict[tuple[str, str], Callable[[Ops], float]]:
     dims = SMOLLM2
-    weights = [probes.packable_weight(gen, n, k, dtype) for n, k in (*dims.projections, dims.lm_head)]
+    weights = [probes.packable_weight(gen, n, k, dtype, device) for n, k in (*dims.projections, dims.lm_head)]
     hidden = dims.lm_head[1]
-    x = {k: probes.random(gen, BLOCK_ROWS, k, dtype=dtype) for k in {k for _, k in (*dims.projections, dims.lm_head)}}
-    norm_w = probes.random(gen, hidden, dtype=dtype, scale=0.1) + 1
-    logits = probes.random(gen, BLOCK_ROWS, dims.vocab, dtype=dtype, scale=4.0)
-    kv = probes.KVCacheProbe.make(gen, dims, dtype)
+    x = {k: probes.random(gen, BLOCK_ROWS, k, dtype=dtype, device=device)
+         for k in sorted({k for _, k in (*dims.projections, dims.lm_head)})}
+    norm_w = probes.random(gen, hidden, dtype=dtype, scale=0.1, device=device) + 1
+    logits = probes.random(gen, BLOCK_ROWS, dims.vocab, dtype=dtype, scale=4.0, device=device)
+    kv = probes.KVCacheProbe.make(gen, dims, dtype, device)
 
     def matmul(ops: Ops) -> float:
         # every projection and the LM head, each order planned by the policy from the call's row count

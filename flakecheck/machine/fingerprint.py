@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from flakecheck.machine.device import driver_version
 from flakecheck.machine.pinning import PINS, cpu_flags, settings
 
 # The flags that select kernels in MKL, oneDNN, FBGEMM and ATen: their presence is what matters
@@ -90,8 +91,7 @@ def current(device: str = "cpu") -> MachineFingerprint:
     flags = cpu_flags()
     where = "cpu"
     if device.startswith("cuda") and torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        where = f"cuda:{torch.cuda.get_device_name()} sm_{major}{minor}"
+        where = gpu_description(device)
     return MachineFingerprint(
         device=where, cpu=cpu, vendor=vendor, arch=platform.machine(),
         isa=tuple(f for f in KERNEL_FLAGS if f in flags), threads=torch.get_num_threads(),
@@ -99,6 +99,16 @@ def current(device: str = "cpu") -> MachineFingerprint:
         mkl_cbwr=mkl_cbwr(), aten_capability=torch.backends.cpu.get_cpu_capability(),
         fbgemm_isa=os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS"),
     )
+
+
+def gpu_description(device: str) -> str:
+    """What decides a GPU kernel's bits beside the libraries: the GPU, its architecture and SM count (the
+    split heuristics read it), the CUDA runtime torch was built with and the driver."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    return (f"cuda:{props.name} sm_{props.major}{props.minor} {props.multi_processor_count} SMs, CUDA "
+            f"{torch.version.cuda}, driver {driver_version() or 'unknown'}")
 
 
 def in_force() -> dict[str, Any]:

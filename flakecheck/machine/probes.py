@@ -79,21 +79,24 @@ def rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
         for lo in range(n) if m == 1 else sorted({0, n - m}):
             worst = max(worst, diff(fn(x[lo : lo + m]), whole[lo : lo + m]))
     worst = max(worst, diff(fn(x.flip(0)).flip(0), whole))
-    buffer = torch.empty(x.numel() + 1, dtype=x.dtype)
+    buffer = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
     buffer[1:] = x.flatten()
     return max(worst, diff(fn(buffer[1:].view(x.shape)), whole))
 
 
-def random(gen: torch.Generator, *shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+def random(gen: torch.Generator, *shape: int, dtype: torch.dtype, scale: float = 1.0,
+           device: torch.device | str = "cpu") -> torch.Tensor:
+    """Drawn on the CPU (the same numbers on every device), then moved."""
+    return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
 
 
-def packable_weight(gen: torch.Generator, n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+def packable_weight(gen: torch.Generator, n: int, k: int, dtype: torch.dtype,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
     """A weight whose magnitudes span four binades and both signs: it packs exactly into fp16 (so the
     fp16 GEMM path is the one probed, as for a real model's weights). Cheap to make at the LM head's size."""
     weight = torch.empty(n, k).uniform_(1.0 / 16, 1.0, generator=gen)
     weight[::2].neg_()
-    return weight.to(dtype)
+    return weight.to(device=device, dtype=dtype)
 
 
 def linear_rows(ops: Ops, weights: LinearWeights, order: int, x: torch.Tensor) -> float:
@@ -119,13 +122,13 @@ class KVCacheProbe:
     scale: float
 
     @classmethod
-    def make(cls, gen: torch.Generator, dims: ProbeDims, dtype: torch.dtype, slots: int = 17,
-             length: int = 640) -> KVCacheProbe:
-        k = random(gen, slots, length, dims.kv_heads, dims.head_dim, dtype=dtype)
-        v = random(gen, slots, length, dims.kv_heads, dims.head_dim, dtype=dtype)
-        q = random(gen, slots, length, dims.heads, dims.head_dim, dtype=dtype)
+    def make(cls, gen: torch.Generator, dims: ProbeDims, dtype: torch.dtype, device: torch.device | str = "cpu",
+             slots: int = 17, length: int = 640, probed: int = 520) -> KVCacheProbe:
+        k = random(gen, slots, length, dims.kv_heads, dims.head_dim, dtype=dtype, device=device)
+        v = random(gen, slots, length, dims.kv_heads, dims.head_dim, dtype=dtype, device=device)
+        q = random(gen, slots, length, dims.heads, dims.head_dim, dtype=dtype, device=device)
         contexts = [int(c) for c in torch.randint(20, length, (slots,), generator=gen)]
-        contexts[0] = 520  # the probed sequence spans several splits of 64..256 keys
+        contexts[0] = probed  # the probed sequence spans several splits of 64..256 keys
         return cls(k, v, q, contexts, dims.head_dim**-0.5)
 
     def run(self, ops: Ops, seqs: list[tuple[int, int, int]], split: int | None) -> list[torch.Tensor]:

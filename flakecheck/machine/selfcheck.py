@@ -40,6 +40,10 @@ from flakecheck.machine.cache import cache_root
 from flakecheck.machine.fingerprint import MachineFingerprint, current, flakecheck_version
 from flakecheck.machine.probes import BLOCK_ROWS, ProbeDims
 
+# The Triton interpreter (TRITON_INTERPRET=1 on a CPU: a numpy emulation for tests) runs a kernel program by
+# program in Python: the attention probe's 17 sequences of up to 640 keys take minutes there. It gets 6 of up
+# to 320; the probed one (310 keys) still spans two fixed 256-key splits and several of 64.
+INTERPRETED_KV_PROBE = {"slots": 6, "length": 320, "probed": 310}
 SPLIT_ATTENTION_SIZES = (64, 192, 256, 512)  # keys a split under splitk: one block, odd blocks, the fixed size, long
 MAX_PLAN_ROWS = 2048  # rows of the largest step a plan is made for (the lockstep's pass)
 HEAD_COLUMNS = 16384
@@ -126,6 +130,8 @@ class _Context:
     dtype: torch.dtype
     sms: int
     make_ops: Callable[[KernelPaths], Any]
+    device: torch.device = torch.device("cpu")  # where the probes' tensors are made and the kernels run
+    kv_probe: dict[str, int] = field(default_factory=dict)  # the attention probe's size, when not the default
     gen: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     _data: dict[str, Any] = field(default_factory=dict)
 
@@ -137,10 +143,12 @@ class _Context:
 
 
 def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: str = "h100",
-           make_ops: Callable[[KernelPaths], Any] | None = None, use_cache: bool = True) -> Verification:
-    """The self-check for `policy` on this machine, from the cache when it was made before."""
-    fingerprint = current()
-    key = _cache_key(fingerprint, policy, dims, dtype, profile)
+           make_ops: Callable[[KernelPaths], Any] | None = None, use_cache: bool = True, device: str = "cpu",
+           backend: str = "torch") -> Verification:
+    """The self-check for `policy` on this machine's `device` (cpu or cuda:N) with the kernels of `backend`
+    (resolved: torch or triton), from the cache when it was made before."""
+    fingerprint = current(device)
+    key = _cache_key(fingerprint, policy, dims, dtype, profile, backend)
     path = cache_dir() / f"{key}.json"
     if use_cache and path.is_file():
         try:
@@ -149,9 +157,11 @@ def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: s
             pass  # a damaged cache entry is made again
     if make_ops is None:
         def make_ops(paths: KernelPaths) -> Any:
-            return get_ops(policy, "torch", profile, "cpu", paths=paths)
+            return get_ops(policy, backend, profile, device, paths=paths)
 
-    result = run_checks(_Context(policy, dims, dtype, get_profile(profile).sms, make_ops), fingerprint)
+    interpreted = backend == "triton" and not device.startswith("cuda")
+    result = run_checks(_Context(policy, dims, dtype, get_profile(profile).sms, make_ops, torch.device(device),
+                                 INTERPRETED_KV_PROBE if interpreted else {}), fingerprint)
     if use_cache:
         _store(path, result)
     return result
@@ -162,9 +172,11 @@ def cache_dir() -> Path:
 
 
 def _cache_key(fingerprint: MachineFingerprint, policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype,
-               profile: str) -> str:
+               profile: str, backend: str) -> str:
     facts = {"fingerprint": fingerprint.to_dict(), "policy": policy.name, "dims": asdict(dims), "dtype": str(dtype),
              "profile": profile, "flakecheck": flakecheck_version(), "faults": sorted(active())}
+    if backend != "torch":  # the torch twins' entries keep the key they always had
+        facts["backend"] = backend
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -251,10 +263,12 @@ def _matmul_checks(ctx: _Context, ops: Any, primitive: str, path: str, orders: s
     # The LM head is probed at up to HEAD_COLUMNS of its columns: a GEMM cuts N into tiles (and threads) of
     # at most a few hundred columns, and what the property is about is each row's reduction over K.
     for n, k in (*ctx.dims.projections, (min(head_n, HEAD_COLUMNS), head_k)):
-        weight = ctx.data(f"w{n}x{k}", lambda n=n, k=k: probes.packable_weight(ctx.gen, n, k, ctx.dtype))
+        weight = ctx.data(f"w{n}x{k}", lambda n=n, k=k: probes.packable_weight(ctx.gen, n, k, ctx.dtype,
+                                                                                       ctx.device))
         # the copies each path reads, made once for all its orders
         prepared = ctx.data(f"w{n}x{k} {ops.executor.paths.fbgemm}", lambda w=weight: ops.prepare_linear(w))
-        x = ctx.data(f"x{k}", lambda k=k: probes.random(ctx.gen, BLOCK_ROWS, k, dtype=ctx.dtype))
+        x = ctx.data(f"x{k}", lambda k=k: probes.random(ctx.gen, BLOCK_ROWS, k, dtype=ctx.dtype,
+                                                                       device=ctx.device))
         for order in sorted(orders) if orders is not None else split_orders(ctx.policy, n, k, ctx.sms):
             found.append(PropertyResult(primitive, path, f"rows {n}x{k} order {order}",
                                         probes.linear_rows(ops, prepared, order, x)))
@@ -262,7 +276,8 @@ def _matmul_checks(ctx: _Context, ops: Any, primitive: str, path: str, orders: s
 
 
 def _attention_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
-    kv = ctx.data("kv", lambda: probes.KVCacheProbe.make(ctx.gen, ctx.dims, ctx.dtype))
+    kv = ctx.data("kv", lambda: probes.KVCacheProbe.make(ctx.gen, ctx.dims, ctx.dtype, ctx.device,
+                                                                  **ctx.kv_probe))
     invariant = ctx.policy.attention == "invariant"
     found = []
     for split in (KV_SPLIT_SIZE,) if invariant else SPLIT_ATTENTION_SIZES:
@@ -284,8 +299,9 @@ def _norm_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
     found = []
     for width in ctx.dims.norm_widths:
         weight = ctx.data(f"norm{width}", lambda width=width: probes.random(ctx.gen, width, dtype=ctx.dtype,
-                                                                             scale=0.1) + 1)
-        x = ctx.data(f"x{width}", lambda width=width: probes.random(ctx.gen, BLOCK_ROWS, width, dtype=ctx.dtype))
+                                                                             scale=0.1, device=ctx.device) + 1)
+        x = ctx.data(f"x{width}", lambda width=width: probes.random(ctx.gen, BLOCK_ROWS, width, dtype=ctx.dtype,
+                                                                           device=ctx.device))
         for order in _norm_orders(ctx.policy):
             found.append(PropertyResult("norm", path, f"rmsnorm rows {width} order {order}",
                                         probes.rmsnorm_rows(ops, weight, order, x)))
@@ -294,6 +310,6 @@ def _norm_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
 
 def _softmax_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
     logits = ctx.data("logits", lambda: probes.random(ctx.gen, BLOCK_ROWS, ctx.dims.vocab, dtype=ctx.dtype,
-                                                      scale=4.0))
+                                                      scale=4.0, device=ctx.device))
     return [PropertyResult("softmax", path, f"log_softmax rows {ctx.dims.vocab} order {order}",
                            probes.log_softmax_rows(ops, order, logits)) for order in _norm_orders(ctx.policy)]

@@ -24,7 +24,7 @@ import torch
 
 from flakecheck.data.rundir import TRACE_SCHEMA
 from flakecheck.data.traces import Trace
-from flakecheck.engine import build_model, load_model
+from flakecheck.engine import build_model
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.errors import UserError
@@ -78,7 +78,7 @@ class ReplayWorker:
 
     def __init__(self, engine: EngineSettings, also: tuple[KernelPolicy, ...], threads: int) -> None:
         torch.set_num_threads(threads)
-        self.loaded = load_model(engine.model, engine.dtype)
+        self.loaded = engine.load()
         self.spec = resolve_engine(engine, ProbeDims.of(self.loaded.config), also=also)
         self.network = build_model(self.loaded, self.spec.ops(also_plans=also))
 

@@ -193,7 +193,8 @@ class RowSharing:
         """The rows `current` takes from earlier passes, into the slots of the sequences that need them."""
         if current.copies:
             src, dst = zip(*current.copies)
-            self.cache.copy_rows(torch.tensor(src), torch.tensor(dst))
+            device = self.cache.device
+            self.cache.copy_rows(torch.tensor(src, device=device), torch.tensor(dst, device=device))
 
     def results(self, current: SharedPass, sampled: Seq[Sampled]) -> list[list[Sampled]]:
         """Each step's sampled tokens (from the pass's sampling rows, in order, or reused), and every row

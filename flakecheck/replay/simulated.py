@@ -33,7 +33,7 @@ from typing import Any
 from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, EngineCore, LoadedModel, Request
-from flakecheck.engine.kv_cache import KVCache
+from flakecheck.engine.llm_engine import kv_cache
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
 from flakecheck.kernels.policy import KernelPolicy
@@ -110,9 +110,7 @@ class Simulation:
         plans = [(job, build_requests(cases, job.composition, job.repeat, vocab, special)) for job in jobs]
         longest = max(len(r.prompt_ids) + r.params.max_tokens for _, requests in plans for r in requests)
         widest = max([job.composition.max_batch for job, _ in plans] + [1])
-        config = model.config
-        cache = KVCache(config.num_layers, max(max_slots, widest), config.num_kv_heads, config.head_dim,
-                        model.dtype, length=longest)
+        cache = kv_cache(model, max(max_slots, widest), length=longest)
         self.lockstep = Lockstep(network, cache, max_rows)
         self._builder = _Builder(self.lockstep, model, cases, on_case_done, on_run_done, windows)
         for job, requests in plans:

@@ -109,6 +109,15 @@ class RunFacts:
         return self.engine.profile
 
     @property
+    def device(self) -> str:
+        return self.engine.device
+
+    @property
+    def runs_on(self) -> str:
+        """"torch on cpu", "triton on cuda:0"; a server's endpoint as it is."""
+        return self.backend if self.device == "server" else f"{self.backend} on {self.device}"
+
+    @property
     def score(self) -> ScoreSwing:
         return score_swing(self.verdicts, self.run_labels)
 

@@ -27,6 +27,7 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
         "policy": facts.policy,
         "backend": facts.backend,
         "profile": facts.profile,
+        "device": facts.device,
         "machine": facts.engine.machine,
         "verified": facts.engine.verified,
         "reference": facts.reference,

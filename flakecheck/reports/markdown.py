@@ -86,7 +86,7 @@ def header_lines(facts: RunFacts) -> list[str]:
         f"- **{facts.n_cases} cases**, flaky rate {fmt_rate(facts.flaky_rate)} "
         f"({facts.n_diverged} flaky or verdict_flaky)",
         f"- model {md_text(facts.model)} · {md_text(facts.dtype)} · kernels **{md_text(facts.policy)}** "
-        f"({md_text(facts.backend)}, profile {md_text(facts.profile)})",
+        f"({md_text(facts.runs_on)}, profile {md_text(facts.profile)})",
         *([f"- machine: {md_text(facts.engine.verified, 400)}"] if facts.engine.verified else []),
         f"- compositions: {compositions} (reference {md_text(facts.reference)})",
         f"- near-tie threshold {facts.gap_threshold:g} over the first {facts.gap_window} tokens",

@@ -136,7 +136,7 @@ def score_lines(facts: RunFacts) -> list[str]:
 def _header(facts: RunFacts) -> str:
     compositions = ", ".join(facts.composition_names)
     return (f"[bold]{escape(facts.suite_name)}[/]: {facts.n_cases} cases · model {escape(facts.model)} "
-            f"({escape(facts.dtype)}) · kernels [bold]{escape(facts.policy)}[/] ({escape(facts.backend)}, "
+            f"({escape(facts.dtype)}) · kernels [bold]{escape(facts.policy)}[/] ({escape(facts.runs_on)}, "
             f"profile {escape(facts.profile)}) · compositions {escape(compositions)} "
             f"(reference {escape(facts.reference)})")
 

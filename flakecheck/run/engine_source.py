@@ -30,12 +30,14 @@ from flakecheck.data.record import Computer
 from flakecheck.data.rundir import RunData, RunDirectory
 from flakecheck.data.stops import apply_stops
 from flakecheck.data.suite import Suite, check_prompt_lengths, load_suite
-from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, load_model, token_texts
+from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, token_texts
 from flakecheck.engine.loader import DEFAULT_MODEL
+from flakecheck.engine.settings import DEFAULT_GPU_MEMORY_UTILIZATION
 from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import GraderSpec, grader_spec
+from flakecheck.machine.device import peak_memory
 from flakecheck.machine.fingerprint import in_force
 from flakecheck.machine.probes import ProbeDims
 from flakecheck.replay import CaseRequest, replay_runs
@@ -76,7 +78,8 @@ class PreparedRun:
 
 
 def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_MODEL, dtype: str = "bfloat16",
-              kernels: str = "splitk", backend: str = "auto", profile: str = "h100", device: str = "cpu",
+              kernels: str = "splitk", backend: str = "auto", profile: str = "auto", device: str = "auto",
+              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
               compositions: Sequence[Composition] | None = None, max_tokens: int = 64, gap_threshold: float = 0.05,
               gap_window: int = 50, repeat: int = 1, limit: int | None = None, ids: Sequence[str] = (),
               replay: str = "auto", out: str | Path | None = None, html: bool = True, input_format: str = "auto",
@@ -90,7 +93,8 @@ def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_M
     config = RunConfig.parse(
         suite.path if isinstance(suite, Suite) else Path(suite), model=loaded.spec if loaded else str(model),
         dtype=str(loaded.dtype).removeprefix("torch.") if loaded else dtype, kernels=kernels, backend=backend,
-        profile=profile, device=device, compositions=compositions, max_tokens=max_tokens,
+        profile=profile, device=device, gpu_memory_utilization=gpu_memory_utilization, compositions=compositions,
+        max_tokens=max_tokens,
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids, replay=replay,
         out=out, html=html, input_format=input_format, grader=grader, grader_timeout=grader_timeout, ray=ray,
         workers=workers, cpus_per_worker=cpus_per_worker, allow_mixed_devices=allow_mixed_devices, sample=sample,
@@ -144,7 +148,7 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
     if config.grader:
         grader_spec(config.grader, config.grader_timeout)  # the program exists: fail before a long replay
     engine = config.engine
-    loaded = model if model is not None else load_model(engine.model, engine.dtype)
+    loaded = model if model is not None else engine.load()
     spec = resolve_engine(engine, ProbeDims.of(loaded.config))
     context = loaded.config.max_context
     requests = case_requests(config, suite_obj, loaded)
@@ -198,5 +202,6 @@ def _record(prepared: PreparedRun, replayed: dict[str, Any]) -> SourceRecord:
                                            has_chat_template(loaded.tokenizer))[1].to_dict(),
             "grader": GraderSpec(config.grader, config.grader_timeout).to_dict() if config.grader else None,
             "platform": platform.platform(), "replay": replayed["mode"], "replay_stats": replayed,
+            "memory": peak_memory(config.engine.device),
         })
 

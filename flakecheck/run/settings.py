@@ -19,7 +19,7 @@ from flakecheck.analysis.flip.load import DEFAULT_LOAD, LoadModel, parse_load, s
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.data.input_format import INPUT_FORMATS
 from flakecheck.engine.loader import DEFAULT_MODEL
-from flakecheck.engine.settings import EngineSettings
+from flakecheck.engine.settings import DEFAULT_GPU_MEMORY_UTILIZATION, EngineSettings
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import check_timeout, grader_argv
@@ -124,7 +124,8 @@ class RunConfig:
 
     @classmethod
     def parse(cls, suite: Path | str, *, model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
-              kernels: str = "splitk", backend: str = "auto", profile: str = "h100", device: str = "cpu",
+              kernels: str = "splitk", backend: str = "auto", profile: str = "auto", device: str = "auto",
+              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
               compositions: Sequence[Composition] | None = None, max_tokens: int = 64, gap_threshold: float = 0.05,
               gap_window: int = 50, repeat: int = 1, limit: int | None = None, ids: Sequence[str] = (),
               replay: str = "auto", out: Path | str | None = None, html: bool = True, input_format: str = "auto",
@@ -134,7 +135,7 @@ class RunConfig:
               sample_seed: int = 0) -> RunConfig:
         """The settings from the options' text: the one place text becomes typed."""
         engine = EngineSettings.parse(model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
-                                      device=device)
+                                      device=device, gpu_memory_utilization=gpu_memory_utilization)
         load_model = load if isinstance(load, LoadModel) else parse_load(load)
         named = tuple(compositions) if compositions is not None else DEFAULT_COMPOSITIONS
         return cls(Path(suite), engine, named, Sampling.draw(load_model, sample, sample_seed), load_model,
@@ -172,7 +173,7 @@ class RunConfig:
         engine, default_engine = self.engine.to_dict(), EngineSettings().to_dict()
         for name, value in engine.items():
             if value != default_engine[name]:
-                args += [f"--{name}", str(value)]
+                args += [f"--{name.replace('_', '-')}", str(value)]
         defaults = RunConfig(self.suite)
         for name in ("max_tokens", "gap_threshold", "gap_window", "repeat", "limit", "replay", "input_format"):
             value = getattr(self, name)
@@ -235,9 +236,10 @@ class RunConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+    def from_dict(cls, data: Mapping[str, Any], device: str | None = None) -> RunConfig:
         """A config read back from meta.json. Its compositions list the draws too: they are drawn again,
-        identically, from the recorded load (a file's histogram is in the record: the file may have gone)."""
+        identically, from the recorded load (a file's histogram is in the record: the file may have gone).
+        `device`: replay on another device than the recorded one (`auto`, `cpu`, `cuda:N`)."""
         def get(key: str, default: Any) -> Any:
             return default if data.get(key) is None else data[key]
 
@@ -249,7 +251,9 @@ class RunConfig:
         return cls.parse(
             str(data["suite"]), model=get("model", DEFAULT_MODEL), dtype=get("dtype", "bfloat16"),
             kernels=get("kernels", "splitk"), backend=get("backend", "auto"), profile=get("profile", "h100"),
-            device=get("device", "cpu"), compositions=named or None, max_tokens=get("max_tokens", 64),
+            device=device if device is not None else get("device", "cpu"),
+            gpu_memory_utilization=get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION),
+            compositions=named or None, max_tokens=get("max_tokens", 64),
             gap_threshold=get("gap_threshold", 0.05), gap_window=get("gap_window", 50), repeat=get("repeat", 1),
             limit=data.get("limit"), ids=tuple(get("ids", ())), replay=get("replay", "auto"), out=data.get("out"),
             html=get("html", True), input_format=get("input_format", "auto"), grader=tuple(get("grader", ())),
@@ -260,8 +264,9 @@ class RunConfig:
     def trace_settings(self) -> dict[str, Any]:
         """The settings that decide the traces (a resume must not change them). Thresholds and the grader
         only change the analysis, and simulated and physical replay give the same bits, so all may change."""
+        engine = {k: v for k, v in self.engine.to_dict().items() if k != "gpu_memory_utilization"}  # no bit of it
         return {
-            **self.engine.to_dict(), "max_tokens": self.max_tokens,
+            **engine, "max_tokens": self.max_tokens,
             "repeat": self.repeat, "compositions": [c.to_dict() for c in self.compositions],
             "input_format": self.input_format,
         }

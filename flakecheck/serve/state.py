@@ -8,9 +8,9 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens, load_model
+from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens
 from flakecheck.engine.loader import DEFAULT_MODEL
-from flakecheck.engine.settings import EngineSettings
+from flakecheck.engine.settings import DEFAULT_GPU_MEMORY_UTILIZATION, EngineSettings
 from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.machine.fingerprint import flakecheck_version
@@ -37,11 +37,13 @@ class ServeSettings:
 
     @classmethod
     def parse(cls, *, model: str = DEFAULT_MODEL, kernels: str = "splitk", dtype: str = "bfloat16",
-              profile: str = "h100", device: str = "cpu", max_num_seqs: int = 32,
+              profile: str = "auto", device: str = "auto", max_num_seqs: int = 32,
               max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
-              max_model_len: int | None = None, served_model_name: str | None = None) -> ServeSettings:
+              max_model_len: int | None = None, served_model_name: str | None = None,
+              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> ServeSettings:
         """From `flakecheck serve`'s options (a bad one is refused before the model loads)."""
-        engine = EngineSettings.parse(model=model, dtype=dtype, kernels=kernels, profile=profile, device=device)
+        engine = EngineSettings.parse(model=model, dtype=dtype, kernels=kernels, profile=profile, device=device,
+                                      gpu_memory_utilization=gpu_memory_utilization)
         return cls(engine, max_num_seqs, max_num_batched_tokens, enable_prefix_caching, max_model_len,
                    served_model_name)
 
@@ -70,7 +72,7 @@ def build_state(settings: ServeSettings, loaded: LoadedModel | None = None) -> S
     loop is not started yet."""
     engine = settings.engine
     if loaded is None:
-        loaded = load_model(engine.model, engine.dtype)
+        loaded = engine.load()
     else:
         engine = replace(engine, dtype=str(loaded.dtype).removeprefix("torch."))
     # checked on this machine before the first request: a fixed-order server that is not invariant here refuses

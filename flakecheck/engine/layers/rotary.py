@@ -9,14 +9,14 @@ class RotaryEmbedding:
     """RoPE tables from transformers' own rotary module (theta, scaling type and attention factor
     from the config's rope_parameters), looked up once a step and applied to q and k of every layer."""
 
-    def __init__(self, hf_config: Any, max_len: int, dtype: torch.dtype) -> None:
+    def __init__(self, hf_config: Any, max_len: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # seconds: only with a model
 
         rope = LlamaRotaryEmbedding(hf_config)
         positions = torch.arange(max_len)[None, :]
         cos, sin = rope(torch.empty(0, dtype=torch.float32), positions)
         # Hugging Face casts the fp32 tables to the activation dtype before rotating; so do we.
-        cos, sin = cos[0].to(dtype), sin[0].to(dtype)
+        cos, sin = cos[0].to(device=device, dtype=dtype), sin[0].to(device=device, dtype=dtype)
         half = cos.shape[-1] // 2
         # rotate_half(x) * sin == flip_halves(x) * [-sin | sin]: negation is exact, so this is the
         # same arithmetic as transformers' with one op (a flip) instead of a neg and a cat.

@@ -33,8 +33,8 @@ class DecoderLayer:
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops, max_len: int) -> None:
         self.config, self.ops = config, ops
-        dtype = weights["model.embed_tokens.weight"].dtype
-        self.rotary = RotaryEmbedding(config.hf_config, max_len, dtype)
+        embed = weights["model.embed_tokens.weight"]
+        self.rotary = RotaryEmbedding(config.hf_config, max_len, embed.dtype, embed.device)
         self.embed = Embedding(weights["model.embed_tokens.weight"])
         self.layers = [self._layer(i, weights) for i in range(config.num_layers)]
         self.norm = RMSNorm(ops, weights["model.norm.weight"], config.rms_norm_eps)
