@@ -68,6 +68,11 @@ def make_breaking_app(breaks: Breaks, step_delay_s: float = 0.003, window_s: flo
     async def version() -> dict[str, Any]:
         return {"version": "0.0-fake"}
 
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        return {"prompt": "".join(VOCAB[t].decode("utf-8", errors="replace") for t in body["tokens"])}
+
     async def complete(request: Request, api: str) -> Any:
         body = await request.json()
         if breaks.fail_salt and breaks.fail_salt in (body.get("cache_salt") or ""):

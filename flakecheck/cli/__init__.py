@@ -115,6 +115,11 @@ def probe_cli(
     gap_window: int = typer.Option(50, help="near-ties count within the first N tokens of the reference"),
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
+    noise: Path | None = typer.Option(None, help="a `flakecheck conformance` directory: predict each case's flip "
+                                      "probability from that server's measured noise (one serial pass is enough)"),
+    noise_in_flight: int | None = typer.Option(None, help="--noise: the requests in flight to predict for "
+                                               "(default: this probe's highest level; a serial probe: every level "
+                                               "the profile measured)"),
 ) -> None:
     from flakecheck.cli.probe import probe_from_cli
 
@@ -122,7 +127,8 @@ def probe_cli(
         suite, endpoint=endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
         concurrency=concurrency, fillers=fillers, prefix=prefix, repeat=repeat, max_tokens=max_tokens, limit=limit,
         ids=ids, out=out, resume=resume, isolation=isolation, timeout=timeout, retries=retries,
-        gap_threshold=gap_threshold, gap_window=gap_window, html=not no_html, quiet=quiet,
+        gap_threshold=gap_threshold, gap_window=gap_window, html=not no_html, quiet=quiet, noise=noise,
+        noise_in_flight=noise_in_flight,
     )
 
 

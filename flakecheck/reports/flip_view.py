@@ -74,6 +74,30 @@ class FlipView:
         return reliability_chart("reliability: predicted vs observed flip probability", bins) if bins else None
 
 
+def prediction_note(block: dict[str, Any] | None) -> str | None:
+    """Which noise the predicted flip probabilities come from, in one sentence (None for a run directory that
+    does not say: older versions)."""
+    source = (block or {}).get("noise_source") if isinstance(block, dict) else None
+    if not isinstance(source, dict):
+        return None
+    noise = (block or {}).get("noise") or {}
+    measured = f"{noise.get('n_shifts', 0)} gap shifts, {_pct(noise.get('changed'))} of them non-zero"
+    kind = source.get("source")
+    if kind == "server":
+        levels = source.get("levels") or []
+        load = "every level it measured" if source.get("in_flight") is None else \
+            f"up to {source['in_flight']} requests in flight"
+        return (f"predicted flip probabilities use the server's own noise: the conformance profile of "
+                f"{source.get('endpoint') or 'the server'} (version {source.get('server_version') or 'unknown'}), "
+                f"{load}: {len(levels)} levels, {measured}")
+    if kind == "simulation":
+        return (f"predicted flip probabilities describe the simulated {source.get('profile')} profile "
+                f"({source.get('policy')} kernels, {measured}), not your server: measure the server with "
+                "`flakecheck conformance --endpoint URL` and predict from its noise with "
+                "`flakecheck probe --noise DIR`")
+    return f"predicted flip probabilities use the noise this run measured between its compositions ({measured})"
+
+
 def fmt_observed(case: dict[str, Any]) -> str:
     """'0.31 [0.18–0.49]' (the share of draws that flipped and its 95% interval), or '—'."""
     p = case.get("p_flip")
