@@ -19,7 +19,6 @@ class FlipView:
     agreement: dict[str, Any]
     score: dict[str, Any]
     calibration: dict[str, Any] | None
-    risk: dict[str, Any] | None
     noise: dict[str, Any]
     n_flipping: int
 
@@ -29,7 +28,7 @@ class FlipView:
         if not isinstance(block, dict) or not block.get("n_draws"):
             return None
         return cls(int(block["n_draws"]), block.get("sampling"), block.get("agreement") or {},
-                   block.get("score") or {}, block.get("calibration"), block.get("calibration_risk"),
+                   block.get("score") or {}, block.get("calibration"),
                    block.get("noise") or {}, sum(1 for c in cases if (c.get("p_flip") or 0) > 0))
 
     @property
@@ -60,9 +59,6 @@ class FlipView:
                     f"{_num(c.get('mean_predicted'))} vs observed {_num(c.get('mean_observed'))}; "
                     f"{_cases(c.get('top_shared'))} {_verb(c.get('top_shared'), 'share')} the top prediction, "
                     f"{_cases(c.get('observed_at_90'))} {_verb(c.get('observed_at_90'), 'flip')} in ≥ 90% of draws")
-            if self.risk:
-                line += (f" (the old risk score: AUROC {_num(self.risk.get('auroc'))}, Spearman "
-                         f"{_num(self.risk.get('spearman'))}, {self.risk.get('top_shared')} share its top)")
             out.append(line)
         return out
 
