@@ -56,7 +56,7 @@ def conformance_markdown(data: dict[str, Any]) -> str:
     lines.append("")
     if data.get("expect"):
         verdict = ("passed" if not data["failed"] else
-                   "failed: " + ", ".join(AXIS_TITLES[a] for a in data["failed"]) + " does not hold")
+                   "failed — not holding: " + ", ".join(AXIS_TITLES[a] for a in data["failed"]))
         lines += [f"Expected `{data['expect']}`: {verdict}.", ""]
     lines.append(f"{data['requests']} requests in {data['seconds']:.0f} s; noise profile: `{data['noise']['file']}`.")
     return "\n".join(lines) + "\n"
