@@ -137,3 +137,14 @@ def test_the_command_exits_1_naming_the_axis_and_the_size(tmp_path: Path, capsys
         assert (tmp_path / "table.md").read_text() == (tmp_path / "c" / "conformance.md").read_text()
         code, _, err = run_cli(capsys, "conformance", "--endpoint", server.url, "--expect", "bitwise")
         assert code == 2 and "--expect" in err
+
+
+def test_the_suites_cases_are_targets_too(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text('{"id": "chat-1", "input": [{"role": "system", "content": "Be brief."}, {"role": "user", '
+                     '"content": "Name a river and a stone and a city."}], "max_tokens": 6}\n'
+                     '{"id": "raw-1", "prompt": "A river, a stone, a city:", "max_tokens": 6}\n')
+    data, code = _check(Breaks(None), tmp_path / "c", suite=suite, expect="invariant")
+    assert code == 0 and data["targets"][-2:] == ["chat-1", "raw-1"]
+    compared = {c["target"] for axis in data["axes"] for lv in axis["levels"] for c in lv["comparisons"]}
+    assert {"chat-1", "raw-1"} <= compared
