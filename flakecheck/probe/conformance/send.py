@@ -84,6 +84,7 @@ async def run_unit(client: ServerClient, options: BodyOptions, unit: Unit, vocab
     for burst in unit.bursts:
         await asyncio.gather(*(send(request) for request in burst))
     if result.unsupported:
+        result.seconds = time.perf_counter() - started
         return result
     for request, answer in answers:
         try:
