@@ -124,7 +124,7 @@ def test_junit_has_one_testcase_per_case_with_outcomes_and_properties(loose_inva
     before = dict(zip(tight_invariant_run.cases.case_id, tight_invariant_run.cases.status))
     for tc in testcases:
         props = {p.get("name"): p.get("value") for p in tc.find("properties").iter("property")}
-        assert {"status", "risk", "min_gap"} <= set(props)
+        assert {"status", "p_flip_pred", "min_gap"} <= set(props) and "risk" not in props
         newly_fragile = before[tc.get("name")] == "stable" and props["status"] == "fragile"
         if tc.get("name") == held_id:
             assert tc.find("skipped") is not None and tc.find("failure") is None

@@ -177,6 +177,36 @@ def test_one_log_makes_a_suite_but_not_a_run_directory(capsys, tmp_path: Path) -
     assert code == 2 and "two or more" in err and not (tmp_path / "run").exists()
 
 
+def _profile(path: Path, shift_at_8: float) -> Path:
+    """A server's noise profile as `flakecheck conformance` writes it: nothing moves serially, `shift_at_8` at 8
+    requests in flight."""
+    path.mkdir()
+    (path / "noise.json").write_text(json.dumps({"unit": "logprob", "dtype": "bfloat16", "levels": [
+        {"axis": "run_to_run", "level": "serial", "in_flight": 1, "shifts": [0.0] * 50},
+        {"axis": "co_resident", "level": "n8", "in_flight": 8, "shifts": [0.0] * 25 + [shift_at_8] * 25}]}))
+    return path
+
+
+def test_one_log_and_the_servers_noise_make_a_run_directory_of_predictions(capsys, tmp_path: Path) -> None:
+    noisy = _profile(tmp_path / "noisy", 0.5)
+    code, _, err = run_cli(capsys, "import", "inspect", INSPECT_LOGS[0], "--out", tmp_path / "run", "--noise", noisy,
+                           "--no-html")
+    assert code == 0, err
+    run = load_run(tmp_path / "run")
+    predicted = run.cases.set_index("case_id").p_flip_pred
+    gaps = run.tokens.groupby("case_id").gap.min()
+    for case_id, p in predicted.items():  # a case with a gap under the shift may flip; one without cannot
+        assert (p > 0) == (gaps[case_id] < 0.5 + 1e-6), case_id
+    assert run.meta["flip"]["noise_source"]["source"] == "server"
+    code, _, err = run_cli(capsys, "import", "inspect", INSPECT_LOGS[0], "--out", tmp_path / "serial", "--noise",
+                           noisy, "--noise-in-flight", "4", "--no-html")
+    assert code == 0, err
+    assert (load_run(tmp_path / "serial").cases.p_flip_pred == 0).all()  # below 8 in flight nothing moved
+    code, _, err = run_cli(capsys, "import", "inspect", INSPECT_LOGS[0], "--out", tmp_path / "bad", "--noise",
+                           tmp_path / "nowhere")
+    assert code == 2 and "noise.json" in err and not (tmp_path / "bad").exists()
+
+
 def test_without_results_json_the_lm_eval_scorer_is_not_mapped_and_the_target_is_not_a_check(
         capsys, tmp_path: Path) -> None:
     alone = tmp_path / LMEVAL_FILES[0].name

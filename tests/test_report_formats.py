@@ -60,6 +60,19 @@ def test_markdown_report_lists_counts_and_escapes_text(copied_run: Path, capsys)
     assert "<script" not in text and "<b>" not in text
 
 
+def test_a_simulations_report_says_its_predictions_describe_its_profile_not_the_server(copied_run: Path,
+                                                                                     capsys) -> None:
+    run = load_run(copied_run)
+    profile = run.meta["flip"]["noise_source"]["profile"]
+    assert run.meta["flip"]["noise_source"]["source"] == "simulation"
+    assert report_command(copied_run, format="markdown", html=None, top=10) == 0
+    markdown = capsys.readouterr().out
+    assert report_command(copied_run, format="terminal", html=None, top=10) == 0
+    terminal = capsys.readouterr().out
+    for text in (markdown, " ".join(terminal.split())):
+        assert f"describe the simulated {profile} profile" in text and "not your server" in text
+
+
 def test_report_writes_html_from_the_copy(copied_run: Path, tmp_path: Path, capsys) -> None:
     target = tmp_path / "out" / "copy.html"
     assert report_command(copied_run, format="terminal", html=target, top=5) == 0

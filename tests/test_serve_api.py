@@ -220,6 +220,7 @@ def test_streaming_completions(client: httpx.Client) -> None:
     ({"messages": MESSAGES, "min_tokens": 5}, "min_tokens"),
     ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
     ({}, "messages"),
     ({"messages": MESSAGES, "max_tokens": 100_000}, "messages"),
@@ -231,6 +232,14 @@ def test_bad_chat_requests_are_openai_400s(client: httpx.Client, body: dict[str,
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
     assert client.get("/stats").json()["submitted_requests"] == submitted, "nothing reaches the engine"
+
+
+def test_a_role_the_openai_api_does_not_define_is_refused_naming_the_field(client: httpx.Client) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": [*MESSAGES, {"role": "wizard", "content": "hi"}]})
+    assert r.status_code == 400 and "messages.1.role" in r.json()["error"]["message"], r.text
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "Be brief."}, *MESSAGES],
+                                                  "max_tokens": 2})
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(("body", "param"), [

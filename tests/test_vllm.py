@@ -196,8 +196,9 @@ def test_compare_simulation_with_vllm(probe, simulation) -> None:
         in_b = case["case_id"] in diverged
         assert case["category"] == {(True, True): "both", (True, False): "a_only", (False, True): "b_only",
                                     (False, False): "neither"}[(in_a, in_b)]
-    # the AUROC is the Mann-Whitney statistic of the simulation's risk against what vLLM did, from ranks
-    risk = sim_run.cases.set_index("case_id").risk.dropna()
+    # the AUROC is the Mann-Whitney statistic of the simulation's predicted flip probability against what vLLM
+    # did, from ranks
+    risk = sim_run.cases.set_index("case_id").p_flip_pred.dropna()
     positive = risk.index.isin(list(diverged))
     auroc, n_pos, n_neg = result["auroc"], int(positive.sum()), int((~positive).sum())
     assert (auroc["n_positive"], auroc["n_negative"]) == (n_pos, n_neg)
@@ -206,3 +207,23 @@ def test_compare_simulation_with_vllm(probe, simulation) -> None:
         assert auroc["value"] == pytest.approx((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
     else:
         assert auroc["value"] is None and auroc["undefined_reason"]
+
+
+def test_conformance_of_vllm(vllm_url: str, probe, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`flakecheck conformance` against the same server (after the probe: CI starts one vLLM server, never a
+    second): every axis is read and compared something, the server's version is recorded, and the serial
+    reference is bitwise repeatable there (run to run holds, as the probe's two serial passes show). The table
+    is printed into the test log: docs/probe.md quotes it."""
+    out = tmp_path_factory.mktemp("conformance") / "c"
+    command = [str(FLAKECHECK), "conformance", "--endpoint", vllm_url, "--max-batch", "32", "--dtype", "bfloat16",
+               "--out", str(out), "--quiet"]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, f"flakecheck conformance exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    data = json.loads((out / "conformance.json").read_text())
+    readings = {axis["axis"]: axis for axis in data["axes"]}
+    assert set(readings) == {"run_to_run", "co_resident", "arrival", "prefix_cache", "chunked_prefill",
+                             "request_shape"}
+    assert all(axis["compared"] > 0 for name, axis in readings.items() if name != "request_shape")
+    assert readings["run_to_run"]["reading"] == "holds"
+    assert data["server"]["version"] and (out / "noise.json").is_file()
+    print((out / "conformance.md").read_text())

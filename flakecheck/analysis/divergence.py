@@ -88,7 +88,7 @@ def case_status(diverged: bool, verdict_flip: bool, near_ties: int) -> str:
 def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thresholds: Thresholds,
             decode: Callable[[list[int]], str], token_text: Callable[[int], str], *,
             verdicts: Mapping[VerdictKey, bool | None], dtype: str | None = None,
-            draws: Collection[str] = ()) -> Tables:
+            draws: Collection[str] = (), noise: NoiseModel | None = None) -> Tables:
     """Traces (in composition order) of every case -> runs, tokens and cases rows.
 
     `verdicts` holds every trace's pass/fail (None: ungraded) by (case_id, composition, repeat), computed
@@ -97,7 +97,8 @@ def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thre
     `draws`: the compositions that are draws from a load (sampled, or a probe's load levels): every case's
     observed flip probability is over their traces (all repeats), and the gap-shift noise that predicts it
     is measured on them; without draws there is no observed probability and the noise is measured on every
-    composition other than the reference.
+    composition other than the reference. `noise`: the noise to predict with instead (a server's measured
+    profile), so one serial pass of a server gets its predictions from that server.
     """
     by_case: dict[str, list[Trace]] = {}
     for trace in traces:
@@ -109,7 +110,7 @@ def analyse(traces: Sequence[Trace], cases: Sequence[Case], reference: str, thre
     tables.gap_noise = max((gap_noise(refs[case.id], t) for case in cases for t in by_case[case.id]), default=0.0)
     measured = [(refs[case.id], t) for case in cases for t in by_case[case.id]
                 if (t.composition in draws if draws else t is not refs[case.id])]
-    tables.noise = measure_noise(measured, dtype)
+    tables.noise = noise if noise is not None else measure_noise(measured, dtype)
     for case in cases:
         row = _analyse_case(case, by_case[case.id], refs[case.id], thresholds, decode, token_text,
                             tables, verdicts, dtype or "float32")

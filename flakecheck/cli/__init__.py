@@ -120,6 +120,11 @@ def probe_cli(
     gap_window: int = typer.Option(50, help="near-ties count within the first N tokens of the reference"),
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
+    noise: Path | None = typer.Option(None, help="a `flakecheck conformance` directory: predict each case's flip "
+                                      "probability from that server's measured noise (one serial pass is enough)"),
+    noise_in_flight: int | None = typer.Option(None, help="--noise: the requests in flight to predict for "
+                                               "(default: this probe's highest level; a serial probe: every level "
+                                               "the profile measured)"),
 ) -> None:
     from flakecheck.cli.probe import probe_from_cli
 
@@ -127,8 +132,51 @@ def probe_cli(
         suite, endpoint=endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
         concurrency=concurrency, fillers=fillers, prefix=prefix, repeat=repeat, max_tokens=max_tokens, limit=limit,
         ids=ids, out=out, resume=resume, isolation=isolation, timeout=timeout, retries=retries,
-        gap_threshold=gap_threshold, gap_window=gap_window, html=not no_html, quiet=quiet,
+        gap_threshold=gap_threshold, gap_window=gap_window, html=not no_html, quiet=quiet, noise=noise,
+        noise_in_flight=noise_in_flight,
     )
+
+
+@app.command("conformance",
+             help="Which invariance does this server keep? One axis at a time against a serial reference: run to "
+             "run, co-resident sequences (2, 4, ... up to --max-batch in flight), arrival position, prefix cache, "
+             "chunked prefill, request shape; each reads holds, tokens hold or breaks. Writes conformance.json, "
+             "conformance.md and the server's noise profile (noise.json, for `probe --noise`).\n\n"
+             "Example: flakecheck conformance --endpoint http://127.0.0.1:8000 --expect invariant")
+def conformance_cli(
+    endpoint: str = typer.Option(..., help="the server's base URL, e.g. http://127.0.0.1:8000 (or .../v1)"),
+    model: str | None = typer.Option(None, help="model name (default: the first id of GET /v1/models)"),
+    api: str = typer.Option("completions", help="chat | completions: how the generated prompts are sent"),
+    api_key_env: str | None = typer.Option(None, help="name of the environment variable that holds the API key"),
+    dtype: str | None = typer.Option(None, help="the server's logits dtype (bfloat16 | float16 | float32), which "
+                                     "sizes a tie for the flip kinds; default unknown"),
+    expect: str | None = typer.Option(None, help="invariant (every axis must hold) | serial (run to run must "
+                                      "hold): exit 1 when an expected axis does not, naming it"),
+    max_batch: int = typer.Option(64, help="the co-resident sweep: 2, 4, 8, ... up to this many requests in flight"),
+    targets: int = typer.Option(4, help="generated target prompts (seeded: two servers get the same requests)"),
+    suite: Path | None = typer.Option(None, help="also use this suite's cases as targets"),
+    limit: int | None = typer.Option(None, help="--suite: only its first N cases"),
+    max_tokens: int = typer.Option(24, help="tokens per target answer"),
+    burst: int = typer.Option(8, help="requests in flight in the arrival-position bursts"),
+    chunk_budget: int = typer.Option(512, help="the server's prefill chunk budget in tokens (vLLM's "
+                                     "--max-num-batched-tokens); the chunked-prefill prompt is longer"),
+    seed: int = typer.Option(0, help="the seed the workload is generated with"),
+    out: Path | None = typer.Option(None, help="conformance directory (default reports/conformance-<UTC time>)"),
+    resume: bool = typer.Option(False, help="continue an interrupted check in --out"),
+    timeout: float = typer.Option(600.0, help="seconds per HTTP attempt"),
+    retries: int = typer.Option(5, help="retries per request (timeouts, resets, 429, 5xx), with backoff"),
+    json_out: bool = typer.Option(False, "--json", help="print conformance.json instead of the table"),
+    markdown: Path | None = typer.Option(None, help="also write the markdown table to this file"),
+    quiet: bool = typer.Option(False, help="no progress lines"),
+) -> None:
+    from flakecheck.cli.conformance import conformance_from_cli
+    from flakecheck.probe.conformance import ConformanceConfig
+
+    config = ConformanceConfig(endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype, suite=suite,
+                               limit=limit, targets=targets, max_tokens=max_tokens, max_batch=max_batch, burst=burst,
+                               chunk_budget=chunk_budget, seed=seed, expect=expect, out=out, timeout=timeout,
+                               retries=retries)
+    raise typer.Exit(conformance_from_cli(config, resume=resume, json_out=json_out, markdown=markdown, quiet=quiet))
 
 
 @app.command("compare",

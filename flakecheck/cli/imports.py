@@ -32,6 +32,9 @@ SUITE_HELP = "write the requests as a suite here (replay it with `flakecheck run
 OUT_HELP = "write a run directory comparing the logs (two or more of one task)"
 REFERENCE_HELP = "the reference log: its composition name or path (default: the first log)"
 NAMES_HELP = "composition names, one per log, comma-separated (default c<connections>, else the file names)"
+NOISE_HELP = ("a `flakecheck conformance` directory of the server the logs came from: predict each case's flip "
+              "probability from its measured noise (one log is then enough for --out)")
+NOISE_IN_FLIGHT_HELP = "--noise: the requests in flight to predict for (default: every level the profile measured)"
 
 
 @import_app.command("inspect", help="inspect_ai logs (.eval or .json) -> a suite and/or a run directory.\n\n"
@@ -51,6 +54,8 @@ def inspect_command(
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
     inspect_reader: bool = typer.Option(True, help="read through inspect_ai's own reader when it is installed"),
+    noise: Path | None = typer.Option(None, help=NOISE_HELP),
+    noise_in_flight: int | None = typer.Option(None, help=NOISE_IN_FLIGHT_HELP),
 ) -> None:
     from flakecheck.analysis.divergence import Thresholds
     from flakecheck.harness.inspect_log import inspect_ai_version, read_inspect_log
@@ -63,7 +68,7 @@ def inspect_command(
         return parse_inspect_log(read_inspect_log(path, use_inspect_ai=inspect_reader), path, scorer)
 
     _import(logs, read, suite, out, reference, names, dtype, Thresholds(gap_threshold, gap_window), not no_html,
-            quiet, reader)
+            quiet, reader, noise, noise_in_flight)
 
 
 @import_app.command("lm-eval", help="lm-evaluation-harness samples files (--log_samples: samples_<task>_<time>.jsonl) "
@@ -84,6 +89,8 @@ def lmeval_command(
     gap_window: int = typer.Option(50, help="near-ties count within the first N tokens of the reference"),
     no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
     quiet: bool = typer.Option(False, help="print only the summary line"),
+    noise: Path | None = typer.Option(None, help=NOISE_HELP),
+    noise_in_flight: int | None = typer.Option(None, help=NOISE_IN_FLIGHT_HELP),
 ) -> None:
     from flakecheck.analysis.divergence import Thresholds
     from flakecheck.harness.lmeval_samples import read_lmeval_samples
@@ -92,12 +99,12 @@ def lmeval_command(
         return read_lmeval_samples(path, scorer, filter)
 
     _import(samples, read, suite, out, reference, names, dtype, Thresholds(gap_threshold, gap_window), not no_html,
-            quiet, "flakecheck (lm-eval's samples format)")
+            quiet, "flakecheck (lm-eval's samples format)", noise, noise_in_flight)
 
 
 def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path | None, out: Path | None,
             reference: str | None, names: str | None, dtype: str | None, thresholds: Thresholds, html: bool,
-            quiet: bool, reader: str) -> None:
+            quiet: bool, reader: str, noise: Path | None = None, noise_in_flight: int | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
 
@@ -114,8 +121,16 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
     if suite is None and out is None:
         raise UserError("nothing to write: give --suite FILE (the requests as a suite) and/or --out DIR (a run "
                         "directory comparing two or more logs)")
-    if out is not None and len(paths) < 2:
-        raise UserError("--out compares runs: give two or more logs of one task (e.g. at 1 and 16 connections)")
+    if out is not None and len(paths) < 2 and noise is None:
+        raise UserError("--out compares runs: give two or more logs of one task (e.g. at 1 and 16 connections), or "
+                        "one log and --noise DIR (the server's conformance directory) to predict from")
+    if noise_in_flight is not None and (noise is None or noise_in_flight < 1):
+        raise UserError("--noise-in-flight needs --noise DIR and an integer >= 1")
+    profile = None
+    if noise is not None:
+        from flakecheck.probe.conformance.noise import ServerNoise
+
+        profile = ServerNoise.load(noise)
     if dtype is not None:
         from flakecheck.analysis.flip_kind import dtype_name
 
@@ -148,7 +163,8 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
 
     try:
         run = write_import_run(plan, mapping, out, suite_out=suite, thresholds=thresholds, dtype=dtype,
-                               command=command, html=html, reader=reader)
+                               command=command, html=html, reader=reader, noise=profile,
+                               noise_in_flight=noise_in_flight)
     except ReportError as exc:
         show_finished_run(exc.run, quiet, exc)
         return

@@ -23,12 +23,12 @@ def probe_from_cli(suite: Path, *, endpoint: str, model: str | None, api: str | 
                    dtype: str | None, concurrency: str, fillers: int, prefix: bool, repeat: int, max_tokens: int,
                    limit: int | None, ids: str | None, out: Path | None, resume: bool, isolation: str,
                    timeout: float, retries: int, gap_threshold: float, gap_window: int, html: bool,
-                   quiet: bool) -> None:
+                   quiet: bool, noise: Path | None = None, noise_in_flight: int | None = None) -> None:
     config = ProbeConfig(suite, endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
                          concurrency=tuple(parse_concurrency(concurrency)), fillers=fillers, prefix=prefix,
                          repeat=repeat, max_tokens=max_tokens, limit=limit, ids=parse_ids(ids), out=out,
                          isolation=isolation, timeout=timeout, retries=retries, gap_threshold=gap_threshold,
-                         gap_window=gap_window, html=html)
+                         gap_window=gap_window, html=html, noise=noise, noise_in_flight=noise_in_flight)
     try:
         run = probe_suite(config, resume=resume, progress=not quiet)
     except RunInterrupted as exc:

@@ -4,8 +4,9 @@
 - `<flakyFailure>`: it diverged but the gate tolerates it (Maven Surefire's element for a test that
   passed with flaky runs; readers that do not know it count the case as passed);
 - `<skipped>`: quarantined;
-- `<properties>`: status, risk, min_gap, first_divergence, the diverging tokens and the flip kind (tie,
-  near_tie, confident); on the suite, the score swing (worst-case, best-case score and the swing in points).
+- `<properties>`: status, the predicted flip probability (and the observed one, with draws), min_gap,
+  first_divergence, the diverging tokens and the flip kind (tie, near_tie, confident); on the suite, the
+  score swing (worst-case, best-case score and the swing in points).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from flakecheck.gate.result import CaseOutcome, GateResult
 
 # XML 1.0 cannot carry most control characters, whatever the escaping; model output may contain them.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-CASE_PROPERTIES = ("status", "risk", "min_gap", "first_divergence", "divergence_composition", "ref_token",
-                   "alt_token", "gap_at_divergence", "flip_kind", "n_near_ties", "pass_rate", "verdict_flip")
+CASE_PROPERTIES = ("status", "p_flip_pred", "p_flip", "min_gap", "first_divergence", "divergence_composition",
+                   "ref_token", "alt_token", "gap_at_divergence", "flip_kind", "n_near_ties", "pass_rate",
+                   "verdict_flip")
 
 
 def xml_text(value: Any) -> str:

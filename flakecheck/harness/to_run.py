@@ -27,6 +27,7 @@ from flakecheck.harness.model import HarnessLog, SampleRun
 from flakecheck.harness.scorers import ScorerMapping
 from flakecheck.harness.to_suite import case_line, replayable, write_suite
 from flakecheck.harness.traces import sample_trace
+from flakecheck.probe.conformance.noise import ServerNoise
 from flakecheck.probe.vocab import Vocab
 from flakecheck.run.pipeline import SourceRecord, TokenTexts, finish_run, open_run_directory, render_report
 
@@ -138,8 +139,10 @@ def build_traces(plan: ImportPlan) -> tuple[list[Trace], dict[tuple[str, str, in
 
 def write_import_run(plan: ImportPlan, mapping: ScorerMapping, out: Path, *, suite_out: Path | None,
                      thresholds: Thresholds, dtype: str | None, command: str, html: bool,
-                     reader: str) -> RunData:
-    """Write the run directory (and the suite, when asked) and return the run loaded from `out`."""
+                     reader: str, noise: ServerNoise | None = None, noise_in_flight: int | None = None) -> RunData:
+    """Write the run directory (and the suite, when asked) and return the run loaded from `out`. `noise`: a
+    server's measured profile the predicted flip probabilities come from (what one log alone can have), for
+    a load of at most `noise_in_flight` requests in flight (None: every level it measured)."""
     check_out(out)
     ref = plan.logs[0]
     lines = [case_line(ref, per_log[0], mapping) for per_log in plan.cases.values()]
@@ -155,7 +158,9 @@ def write_import_run(plan: ImportPlan, mapping: ScorerMapping, out: Path, *, sui
         # gap noise is measured on logprobs: none (null) when every case compares by text
         finish_run(directory, suite, traces, plan.names[0], thresholds, decode_units,
                    _record(plan, mapping, units, dtype, command, reader), {}, verdicts,
-                   case_notes={case_id: {"divergence_by": unit} for case_id, unit in units.items()})
+                   case_notes={case_id: {"divergence_by": unit} for case_id, unit in units.items()},
+                   **({"noise": noise.model(noise_in_flight), "noise_source": noise.describe(noise_in_flight, False)}
+                      if noise is not None else {}))
         if suite_out is not None:
             write_suite(suite_out, lines)
         if out.is_dir():

@@ -25,6 +25,7 @@ from flakecheck.data.traces import Trace, run_label
 from flakecheck.errors import UserError
 from flakecheck.probe.bodies import CasePrompt, case_prompts
 from flakecheck.probe.client import ClientStats, ServerClient
+from flakecheck.probe.conformance.noise import ServerNoise
 from flakecheck.probe.detokenize import fill_token_texts
 from flakecheck.probe.discover import ServerInfo, check_prompts, discover
 from flakecheck.probe.endpoint import Endpoint
@@ -67,6 +68,7 @@ class _Probe:
     api_key: str | None
     info: ServerInfo
     store: ProbeStore
+    noise: ServerNoise | None = None  # --noise: the server's measured profile predicts
 
 
 def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = False,
@@ -84,7 +86,8 @@ def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = F
                          TokenTexts(lambda ids: texts.get(tuple(ids)) or vocab.decode(ids), vocab.text),
                          _record(probe, tally), timings,
                          # every level above the reference, each repeat, is one draw of the server's load
-                         draws=[level.name for level in probe.levels if level.name != REFERENCE], started=started)
+                         draws=[level.name for level in probe.levels if level.name != REFERENCE], started=started,
+                         **_noise(probe))
     render_report(run, config.html)
     return run
 
@@ -94,6 +97,7 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
     if resume and config.out is None:
         raise UserError("--resume needs --out DIR (the interrupted run directory)")  # before asking the server
     suite = load_suite(config.suite).select(list(config.ids) or None, config.limit)
+    noise = ServerNoise.load(config.noise) if config.noise is not None else None
     api_key = _api_key(config.api_key_env)
     endpoint = Endpoint.parse(config.endpoint)
     cases, applied = case_prompts(suite, config.api, config.max_tokens)
@@ -106,7 +110,15 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
     directory = open_run_directory(suite, config.out, resume, _fingerprint(config, suite, cases, levels, endpoint,
                                                                             info))
     config = config.with_changes(out=directory.path)
-    return _Probe(config, suite, cases, applied, levels, endpoint, api_key, info, ProbeStore(directory.path))
+    return _Probe(config, suite, cases, applied, levels, endpoint, api_key, info, ProbeStore(directory.path), noise)
+
+
+def _noise(probe: _Probe) -> dict[str, Any]:
+    """finish_run's noise arguments: the server's profile for the load predicted for, when --noise gave one."""
+    if probe.noise is None:
+        return {}
+    load, prefix = probe.config.prediction_load(), probe.config.prefix
+    return {"noise": probe.noise.model(load, prefix), "noise_source": probe.noise.describe(load, prefix)}
 
 
 def _api_key(variable: str | None) -> str | None:

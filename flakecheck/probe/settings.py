@@ -40,6 +40,8 @@ class ProbeConfig:
     gap_threshold: float = 0.05
     gap_window: int = 50
     html: bool = True
+    noise: Path | None = None  # a conformance directory: predict from the server's measured noise profile
+    noise_in_flight: int | None = None  # the load to predict for (None: the probe's own highest level)
 
     def __post_init__(self) -> None:
         normalise_common(self)
@@ -55,6 +57,14 @@ class ProbeConfig:
                 object.__setattr__(self, "dtype", dtype_name(self.dtype))
             except ValueError as exc:
                 raise UserError(f"--dtype: {exc}") from None
+        if self.noise is not None:
+            object.__setattr__(self, "noise", Path(self.noise))
+        if self.noise_in_flight is not None and (isinstance(self.noise_in_flight, bool)
+                                                 or not isinstance(self.noise_in_flight, int)
+                                                 or self.noise_in_flight < 1):
+            raise UserError(f"--noise-in-flight must be an integer >= 1, got {self.noise_in_flight!r}")
+        if self.noise_in_flight is not None and self.noise is None:
+            raise UserError("--noise-in-flight needs --noise DIR (a conformance directory)")
         if self.isolation not in ISOLATIONS:
             raise UserError(f"--isolation must be one of {', '.join(ISOLATIONS)}, got {self.isolation!r}")
         if not self.concurrency or 1 not in self.concurrency or any(c < 1 for c in self.concurrency):
@@ -69,7 +79,7 @@ class ProbeConfig:
         args = ["flakecheck", "probe", str(self.suite), "--endpoint", Endpoint.parse(self.endpoint).public]
         defaults = ProbeConfig(self.suite, self.endpoint)
         for name in ("model", "api", "api_key_env", "dtype", "fillers", "repeat", "max_tokens", "limit", "isolation",
-                     "timeout", "retries", "gap_threshold", "gap_window"):
+                     "timeout", "retries", "gap_threshold", "gap_window", "noise", "noise_in_flight"):
             value = getattr(self, name)
             if value != getattr(defaults, name):
                 args += [f"--{name.replace('_', '-')}", str(value)]
@@ -84,6 +94,14 @@ class ProbeConfig:
         if not self.html:
             args.append("--no-html")
         return args
+
+    def prediction_load(self) -> int | None:
+        """Requests in flight the predictions are for: --noise-in-flight, else the probe's highest level (its
+        concurrency and its fillers), else (a serial probe) every level the profile measured (None)."""
+        if self.noise_in_flight is not None:
+            return self.noise_in_flight
+        highest = max(self.concurrency)
+        return highest + self.fillers if highest > 1 else None
 
     def command(self) -> str:
         return shlex.join(self.argv())

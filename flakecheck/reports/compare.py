@@ -38,6 +38,7 @@ from flakecheck.data.record import RunRecord
 from flakecheck.data.rundir import RunData, load_run
 from flakecheck.errors import UserError
 from flakecheck.reports.facts import DIVERGED, clean, records
+from flakecheck.reports.flip_view import prediction_note
 
 CATEGORIES = ("both", "a_only", "b_only", "neither")
 
@@ -113,8 +114,8 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
         da, db = ra["status"] in DIVERGED, rb["status"] in DIVERGED
         category = "both" if da and db else "a_only" if da else "b_only" if db else "neither"
         counts[category] += 1
-        risk_a = _number(ra.get("risk"))
-        predictor = _number(ra.get("p_flip_pred")) if predicted else risk_a
+        # a run directory from before predictions ranks by its old risk score: it still compares
+        predictor = _number(ra.get("p_flip_pred")) if predicted else _number(ra.get("risk"))
         if predictor is not None:
             scores.append(predictor)
             labels.append(db)
@@ -122,7 +123,7 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
         if da and db and step_a is not None and step_b is not None:
             steps.append((int(step_a), int(step_b)))
         cases.append({"case_id": case_id, "category": category, "status_a": ra["status"], "status_b": rb["status"],
-                      "risk_a": risk_a, "risk_b": _number(rb.get("risk")),
+                      "predicted_a": predictor,
                       "first_divergence_a": None if step_a is None else int(step_a),
                       "first_divergence_b": None if step_b is None else int(step_b)})
     same_reference, references = _same_references(a, b, common)
@@ -133,7 +134,7 @@ def compare_runs(a: RunData, b: RunData) -> Comparison:
     return Comparison(_describe(a), _describe(b), len(common), sorted(set(rows_a) - set(rows_b)),
                       sorted(set(rows_b) - set(rows_a)), counts, auroc(scores, labels), step_agreement(steps), cases,
                       references, _probability(cases, (b.record.flip or {}).get("n_draws")),
-                      "predicted flip probability" if predicted else "risk")
+                      "predicted flip probability" if predicted else "risk (a run directory from before predictions)")
 
 
 def _probability(cases: list[dict[str, Any]], n_draws: int | None) -> dict[str, Any] | None:
@@ -183,7 +184,8 @@ def _describe(run: RunData) -> dict[str, Any]:
     record = run.record
     return {"path": str(run.path), "source": record.source, "model": record.model, "policy": record.computer.policy,
             "endpoint": (record.server or {}).get("endpoint"), "suite_sha256": record.suite_sha256,
-            "n_cases": len(run.cases)}
+            "n_cases": len(run.cases), "noise_source": (record.flip or {}).get("noise_source"),
+            "prediction": prediction_note(record.flip)}
 
 
 def compare_command(path_a: Path, path_b: Path, json_out: bool = False) -> int:
@@ -202,6 +204,8 @@ def render(result: Comparison) -> None:
         what = run["endpoint"] or f"{run['model']} ({run['policy']})"
         console.print(f"[bold]{tag}[/]: {escape(run['path'])} — {escape(str(run['source']))}, {escape(str(what))}, "
                       f"{run['n_cases']} cases", soft_wrap=True)
+    if a["prediction"]:
+        console.print(f"A's {escape(a['prediction'])}", soft_wrap=True)
     if a["suite_sha256"] != b["suite_sha256"]:
         console.print("[yellow]the two runs read different suite files; cases are matched by id[/]")
     table = Table(title=f"{result.n_common} cases in both runs", title_justify="left", show_edge=False)
@@ -263,16 +267,16 @@ def _fmt(value: float | None) -> str:
 
 
 def _disagreement_table(cases: list[dict[str, Any]], top: int = 10):
-    """The cases one run saw diverge and the other did not, riskiest in A first."""
-    ranked = sorted(cases, key=lambda c: (-(c["risk_a"] or 0.0), c["case_id"]))[:top]
+    """The cases one run saw diverge and the other did not, most likely to flip in A first."""
+    ranked = sorted(cases, key=lambda c: (-(c["predicted_a"] or 0.0), c["case_id"]))[:top]
     table = Table(title=f"diverged in one run only ({len(cases)}, {len(ranked)} shown)", title_justify="left",
                   show_edge=False)
-    for name, justify in (("case", "left"), ("status A", "left"), ("status B", "left"), ("risk A", "right"),
+    for name, justify in (("case", "left"), ("status A", "left"), ("status B", "left"), ("predicted A", "right"),
                           ("step A", "right"), ("step B", "right")):
         table.add_column(name, justify=justify, overflow="fold")
     for c in ranked:
         table.add_row(escape(c["case_id"]), c["status_a"], c["status_b"],
-                      "—" if c["risk_a"] is None else f"{c['risk_a']:.2f}",
+                      "—" if c["predicted_a"] is None else f"{c['predicted_a']:.2f}",
                       "—" if c["first_divergence_a"] is None else str(c["first_divergence_a"]),
                       "—" if c["first_divergence_b"] is None else str(c["first_divergence_b"]))
     return table

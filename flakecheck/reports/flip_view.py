@@ -19,7 +19,6 @@ class FlipView:
     agreement: dict[str, Any]
     score: dict[str, Any]
     calibration: dict[str, Any] | None
-    risk: dict[str, Any] | None
     noise: dict[str, Any]
     n_flipping: int
 
@@ -29,7 +28,7 @@ class FlipView:
         if not isinstance(block, dict) or not block.get("n_draws"):
             return None
         return cls(int(block["n_draws"]), block.get("sampling"), block.get("agreement") or {},
-                   block.get("score") or {}, block.get("calibration"), block.get("calibration_risk"),
+                   block.get("score") or {}, block.get("calibration"),
                    block.get("noise") or {}, sum(1 for c in cases if (c.get("p_flip") or 0) > 0))
 
     @property
@@ -60,9 +59,6 @@ class FlipView:
                     f"{_num(c.get('mean_predicted'))} vs observed {_num(c.get('mean_observed'))}; "
                     f"{_cases(c.get('top_shared'))} {_verb(c.get('top_shared'), 'share')} the top prediction, "
                     f"{_cases(c.get('observed_at_90'))} {_verb(c.get('observed_at_90'), 'flip')} in ≥ 90% of draws")
-            if self.risk:
-                line += (f" (the old risk score: AUROC {_num(self.risk.get('auroc'))}, Spearman "
-                         f"{_num(self.risk.get('spearman'))}, {self.risk.get('top_shared')} share its top)")
             out.append(line)
         return out
 
@@ -72,6 +68,30 @@ class FlipView:
     def reliability_plot(self) -> Markup | None:
         bins = self.bins()
         return reliability_chart("reliability: predicted vs observed flip probability", bins) if bins else None
+
+
+def prediction_note(block: dict[str, Any] | None) -> str | None:
+    """Which noise the predicted flip probabilities come from, in one sentence (None for a run directory that
+    does not say: older versions)."""
+    source = (block or {}).get("noise_source") if isinstance(block, dict) else None
+    if not isinstance(source, dict):
+        return None
+    noise = (block or {}).get("noise") or {}
+    measured = f"{noise.get('n_shifts', 0)} gap shifts, {_pct(noise.get('changed'))} of them non-zero"
+    kind = source.get("source")
+    if kind == "server":
+        levels = source.get("levels") or []
+        load = "every level it measured" if source.get("in_flight") is None else \
+            f"up to {source['in_flight']} requests in flight"
+        return (f"predicted flip probabilities use the server's own noise: the conformance profile of "
+                f"{source.get('endpoint') or 'the server'} (version {source.get('server_version') or 'unknown'}), "
+                f"{load}: {len(levels)} levels, {measured}")
+    if kind == "simulation":
+        return (f"predicted flip probabilities describe the simulated {source.get('profile')} profile "
+                f"({source.get('policy')} kernels, {measured}), not your server: measure the server with "
+                "`flakecheck conformance --endpoint URL` and predict from its noise with "
+                "`flakecheck probe --noise DIR`")
+    return f"predicted flip probabilities use the noise this run measured between its compositions ({measured})"
 
 
 def fmt_observed(case: dict[str, Any]) -> str:

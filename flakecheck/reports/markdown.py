@@ -23,7 +23,7 @@ from flakecheck.reports.facts import (
     next_command,
     score_range,
 )
-from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
+from flakecheck.reports.flip_view import fmt_observed, fmt_predicted, prediction_note
 
 MARKDOWN_SPECIALS = str.maketrans({c: f"\\{c}" for c in "\\`*_[]|~"})
 
@@ -110,6 +110,9 @@ def score_and_flip_lines(facts: RunFacts) -> list[str]:
     if facts.confident_flips:
         ids = ", ".join(md_text(c, 80) for c in facts.confident_flips[:50])
         lines.append(f"- **Confident flips ({len(facts.confident_flips)}):** {ids} — {CONFIDENT_NOTE}.")
+    note = prediction_note(facts.record.flip)
+    if note:
+        lines.append(f"- {md_text(note, 1000)}")
     view = facts.flip
     if view is not None:
         lines += [f"- {md_text(line, 1000)}" for line in view.lines()]

@@ -29,7 +29,7 @@ from flakecheck.reports.facts import (
     next_command,
     score_range,
 )
-from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
+from flakecheck.reports.flip_view import fmt_observed, fmt_predicted, prediction_note
 
 STATUS_STYLE = {"stable": "green", "fragile": "yellow", "flaky": "magenta", "verdict_flaky": "bold red"}
 
@@ -155,6 +155,9 @@ def _counts_table(facts: RunFacts) -> Table:
 
 def render_flip(facts: RunFacts, console: Console) -> None:
     """Flip probability over the draws: the source, agreement, score under load, calibration and its bins."""
+    note = prediction_note(facts.record.flip)
+    if note:
+        console.print(escape(note), soft_wrap=True)
     view = facts.flip
     if view is None:
         return

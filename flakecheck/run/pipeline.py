@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flakecheck.analysis.divergence import Thresholds, analyse
+from flakecheck.analysis.flip.predict import NoiseModel
 from flakecheck.analysis.flip.summary import flip_meta
 from flakecheck.analysis.verdicts import grade_traces
 from flakecheck.data.record import Computer, RunRecord, finite_or_none, now
@@ -92,20 +93,24 @@ def finish_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], r
                thresholds: Thresholds, texts: TokenTexts, source: SourceRecord, timings: dict[str, Any],
                verdicts: Mapping[VerdictKey, bool | None] | None = None, draws: Sequence[str] = (),
                sampling: Mapping[str, Any] | None = None, started: float | None = None,
-               case_notes: Mapping[str, Mapping[str, Any]] | None = None) -> RunData:
+               case_notes: Mapping[str, Mapping[str, Any]] | None = None, noise: NoiseModel | None = None,
+               noise_source: Mapping[str, Any] | None = None) -> RunData:
     """Analyse the traces, write runs/tokens/cases parquet and the record (meta.json, once), drop the saved
     partial traces; returns the run loaded. `verdicts`: every trace's pass/fail, graded before (None: the
     suite's own checks grade here). `draws`: the compositions that are draws from a load, `sampling` how they
     were drawn. `timings` (the source's) gain grading_s, analysis_s, the token counts and — from `started` —
-    total_s. `case_notes`: more metadata per case, for the record's case list."""
+    total_s. `case_notes`: more metadata per case, for the record's case list. `noise`: the noise the predicted
+    flip probabilities use instead of the run's own (a server's profile), `noise_source` what it is; the record
+    says which noise predicted (`flip.noise_source`: the server's, this run's, or the simulated profile's)."""
     if verdicts is None:
         t0 = time.perf_counter()
         verdicts = grade_traces(traces, suite.cases, texts.decode)
         timings["grading_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     tables = analyse(traces, suite.cases, reference, thresholds, texts.decode, texts.token, verdicts=verdicts,
-                     dtype=source.dtype, draws=frozenset(draws))
+                     dtype=source.dtype, draws=frozenset(draws), noise=noise)
     flip = flip_meta(tables.cases, tables.runs, reference, list(draws), tables.noise, sampling)
+    flip["noise_source"] = dict(noise_source) if noise_source else _own_noise(source)
     timings["analysis_s"] = time.perf_counter() - t0
     directory.write_tables(tables.runs, tables.tokens, tables.cases)
     generated = sum(len(r["token_ids"]) for r in tables.runs)
@@ -131,6 +136,14 @@ def finish_run(directory: RunDirectory, suite: Suite, traces: Sequence[Trace], r
     directory.write_meta(record.to_dict())
     directory.finish()
     return directory.load()
+
+
+def _own_noise(source: SourceRecord) -> dict[str, Any]:
+    """What the run's own measured noise stands for: the simulated kernels of a profile (the built-in engine), or
+    the server or harness runs the traces came from."""
+    if source.source == "engine":
+        return {"source": "simulation", "profile": source.computer.profile, "policy": source.computer.policy}
+    return {"source": "run"}
 
 
 def render_report(run: RunData, html: bool) -> None:

@@ -94,9 +94,14 @@ class TextPart(BaseModel):
     text: str
 
 
+# The roles the OpenAI chat API defines; any other (a typo, "wizard") is a 400 naming messages.N.role, never
+# passed to the chat template, which would render it as if it meant something.
+ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
-    role: str
+    role: ChatRole
     content: str | list[TextPart] | None = None
 
     def as_template_input(self) -> dict[str, Any]:

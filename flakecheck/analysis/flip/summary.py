@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flakecheck.analysis.flip.calibration import auroc, calibrate, spearman
+from flakecheck.analysis.flip.calibration import calibrate
 from flakecheck.analysis.flip.observed import agreement_rates
 from flakecheck.analysis.flip.predict import NoiseModel
 from flakecheck.analysis.flip.score import score_distribution
@@ -41,16 +41,5 @@ def flip_meta(cases: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, An
     per_case = len(labels)
     block["calibration"] = calibrate([c.get("p_flip_pred") for c in cases], [c.get("p_flip") for c in cases],
                                      per_case)
-    block["calibration_risk"] = _risk_calibration(cases)
     return block
 
-
-def _risk_calibration(cases: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """How the old risk score (1 − ∏(1 − e^(−gap/τ))) ranks against the observed probabilities, beside the
-    prediction's own figures: the column stays only as long as this is worth showing."""
-    pairs = [(c.get("risk"), c.get("p_flip")) for c in cases]
-    pairs = [(q, p) for q, p in pairs if q is not None and p is not None]
-    if not pairs:
-        return None
-    q, p = [a for a, _ in pairs], [b for _, b in pairs]
-    return {"auroc": auroc(q, [x > 0 for x in p]), "spearman": spearman(q, p), "top_shared": q.count(max(q))}

@@ -1,4 +1,4 @@
-// The case table: sort by a column header, filter by status, risk, divergence, metadata and text.
+// The case table: sort by a column header, filter by status, predicted flip probability, divergence, metadata and text.
 // Rows are rendered (and escaped) by the server; this only reorders and hides them.
 (function () {
   "use strict";
@@ -7,7 +7,7 @@
   var tbody = table.tBodies[0];
   var rows = Array.prototype.slice.call(tbody.rows);
   var status = document.getElementById("f-status");
-  var risk = document.getElementById("f-risk");
+  var predicted = document.getElementById("f-pred");
   var diverged = document.getElementById("f-diverged");
   var text = document.getElementById("f-text");
   var metas = Array.prototype.slice.call(document.querySelectorAll(".f-meta"));
@@ -37,18 +37,18 @@
     th.addEventListener("click", function () {
       var current = th.getAttribute("aria-sort");
       var numeric = th.getAttribute("data-type") === "num";
-      // First click: numbers high-to-low (riskiest first), text A-Z; a second click reverses.
+      // First click: numbers high-to-low (most likely to flip first), text A-Z; a second click reverses.
       sortBy(th, current ? (current === "ascending" ? -1 : 1) : (numeric ? -1 : 1));
     });
   });
 
   function filter() {
-    var want = status.value, minRisk = parseFloat(risk.value) || 0, needle = text.value.trim().toLowerCase();
+    var want = status.value, minPredicted = parseFloat(predicted.value) || 0, needle = text.value.trim().toLowerCase();
     var visible = 0;
     rows.forEach(function (r) {
       var st = cell(r, "status");
       var ok = (!want || (want === "!stable" ? st !== "stable" : st === want)) &&
-        (parseFloat(cell(r, "risk")) || 0) >= minRisk &&
+        (parseFloat(cell(r, "pred")) || 0) >= minPredicted &&
         (!diverged.checked || cell(r, "div") !== "") &&
         (!needle || cell(r, "search").indexOf(needle) !== -1) &&
         metas.every(function (m) {
@@ -62,7 +62,7 @@
     noRows.hidden = visible !== 0;
   }
 
-  [status, risk, diverged, text].concat(metas).forEach(function (el) {
+  [status, predicted, diverged, text].concat(metas).forEach(function (el) {
     el.addEventListener("input", filter);
     el.addEventListener("change", filter);
   });

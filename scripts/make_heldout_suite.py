@@ -1,0 +1,40 @@
+"""Write a held-out suite of open-ended chat cases (seeded): material the flip predictions were not tuned on.
+
+    python scripts/make_heldout_suite.py suites/heldout-open.jsonl --cases 24
+
+Each case asks for a few sentences on a topic drawn from a fixed list, with no checks (the answers are
+compared token by token, not graded), 32 new tokens each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+TOPICS = ("the sea at night", "a quiet library", "an old bridge", "the first snow", "a busy market",
+          "a lost letter", "a mountain village", "a summer storm", "a train station", "a forest path",
+          "a lighthouse keeper", "a city at dawn", "an empty theatre", "a garden in autumn", "a river crossing",
+          "a small bakery", "a desert road", "a school bell", "a winter harbour", "a clock tower")
+ASKS = ("Describe {} in three sentences.", "Write a short story about {}.", "Explain why people remember {}.",
+        "Give two facts and one opinion about {}.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--cases", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=25)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    lines = []
+    for i in range(args.cases):
+        question = rng.choice(ASKS).format(rng.choice(TOPICS))
+        lines.append(json.dumps({"id": f"open-{i:02d}", "input": [{"role": "user", "content": question}],
+                                 "max_tokens": 32}))
+    args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
