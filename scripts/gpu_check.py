@@ -101,8 +101,8 @@ def matmul_table(device: str) -> list[dict[str, Any]]:
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * k**-0.5
         for m in (1, 16, 64, 256, 2048):
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            t_tri = do_bench(lambda: matmul_persistent(x, w), rep=50, return_mode="median")
-            t_ref = do_bench(lambda: x @ w.T, rep=50, return_mode="median")
+            t_tri = do_bench(lambda x=x, w=w: matmul_persistent(x, w), rep=50, return_mode="median")
+            t_ref = do_bench(lambda x=x, w=w: x @ w.T, rep=50, return_mode="median")
             diff = (matmul_persistent(x, w).float() - (x @ w.T).float()).abs().max().item()
             rows.append({"shape": name, "m": m, "triton_ms": round(t_tri, 4), "cublas_ms": round(t_ref, 4),
                          "throughput_vs_cublas": round(t_ref / t_tri, 3),
