@@ -36,6 +36,8 @@ from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import GraderSpec, grader_spec
+from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.tensor_parallel import TP_INVARIANT, ShardedDims, check_size
 from flakecheck.machine.fingerprint import in_force
 from flakecheck.machine.probes import ProbeDims
 from flakecheck.replay import CaseRequest, replay_runs
@@ -150,6 +152,7 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
     requests = case_requests(config, suite_obj, loaded)
     prompt_lengths = {r.case_id: len(r.prompt_ids) for r in requests}
     check_prompt_lengths(suite_obj, lambda case: prompt_lengths[case.id], context, config.max_tokens)
+    check_tensor_parallel(config.compositions, loaded, engine.policy)
     for comp in config.compositions:
         longest_filler = comp.fillers.prompt_len[1] + comp.fillers.output_len[1]
         if comp.fillers.count and longest_filler > context:
@@ -167,6 +170,17 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
             cluster.stop()
         raise
     return PreparedRun(config.with_changes(out=directory.path), suite_obj, loaded, spec, requests, directory, cluster)
+
+
+def check_tensor_parallel(compositions: Sequence[Composition], model: LoadedModel, policy: KernelPolicy) -> None:
+    """UserError naming the composition and the model's dimension when its TP size cannot shard the model."""
+    c = model.config
+    dims = ShardedDims(c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size, c.hidden_size)
+    for comp in compositions:
+        try:
+            check_size(dims, comp.tp, tp_invariant=policy.matmul == TP_INVARIANT)
+        except ValueError as err:
+            raise UserError(f"composition '{comp.name}': {err}") from None
 
 
 def case_requests(config: RunConfig, suite: Suite, model: LoadedModel) -> list[CaseRequest]:
