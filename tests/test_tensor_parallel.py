@@ -5,6 +5,7 @@ order gives the same bits at every TP size; a TP size that cannot shard the mode
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +21,8 @@ from flakecheck.kernels import FIXED, get_ops
 from flakecheck.kernels.layout import ShardOrder
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.kernels.tensor_parallel import ShardedDims, all_reduce, check_size, qkv_columns, resolve_allreduce
+from flakecheck.reports.facts import gather
+from flakecheck.reports.markdown import render_markdown
 from tests.test_run import cli_run
 from tests.test_simulation import assert_same_traces, write_suite
 
@@ -197,6 +200,14 @@ def test_invariant_kernels_are_bitwise_across_batches_at_each_tp_size_but_not_ac
         for name in names[1:]:
             pd.testing.assert_frame_equal(traces[names[0]], traces[name], check_exact=True)
     assert not traces["solo"].equals(traces["tp4-solo"])  # the all-reduce's order is a composition axis
+    # the reports name those flips as TP-only: every diverged case, since no batch at TP 1 diverges
+    facts = gather(run)
+    diverged = sorted(run.cases.case_id[run.cases.status.isin(["flaky", "verdict_flaky"])].astype(str))
+    assert diverged and facts.tp_only_flips == diverged
+    markdown = render_markdown(run)
+    assert f"TP-only flips ({len(diverged)})" in markdown and "tp4-b4 (tp 4, auto)" in markdown
+    meta = json.loads((run.path / "meta.json").read_text())
+    assert {(c["name"], c["tp"], c["allreduce"]) for c in meta["compositions"]} >= {("tp2-c7", 2, "auto")}
 
 
 def test_the_tp_invariant_order_gives_the_same_bits_at_every_tp_size(wide, suite, tmp_path) -> None:
