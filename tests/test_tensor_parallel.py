@@ -6,6 +6,7 @@ order gives the same bits at every TP size; a TP size that cannot shard the mode
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import flakecheck
+from flakecheck.analysis.flip.load import parse_load, parse_tp_sizes, sample_compositions
 from flakecheck.data.compositions import Composition, Fillers, derive_name, parse_composition_spec
 from flakecheck.engine import LoadedModel, build_model, load_model
 from flakecheck.engine.layers.parallel import COLUMN, ROW, Sharding, sharded_linear
@@ -23,6 +25,7 @@ from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.kernels.tensor_parallel import ShardedDims, all_reduce, check_size, qkv_columns, resolve_allreduce
 from flakecheck.reports.facts import gather
 from flakecheck.reports.markdown import render_markdown
+from flakecheck.run.settings import RunConfig
 from tests.test_run import cli_run
 from tests.test_simulation import assert_same_traces, write_suite
 
@@ -228,3 +231,17 @@ def test_a_tp_size_the_model_cannot_shard_is_exit_2_and_writes_nothing(tiny_wide
     assert code == 2, err
     assert dimension in err and "bad" in err
     assert not out.exists()
+
+
+def test_sampled_compositions_draw_tp_sizes_and_leave_the_other_axes_as_they_were() -> None:
+    load = parse_load("poisson:8")
+    plain = sample_compositions(load, 40, 3)
+    with_tp = sample_compositions(load, 40, 3, (1, 2, 4, 8))
+    assert [replace(c, tp=1) for c in with_tp] == plain and {c.tp for c in plain} == {1}
+    assert {c.tp for c in with_tp} == {1, 2, 4, 8}
+    config = RunConfig.parse("suite.jsonl", sample=40, sample_seed=3, sample_tp="1,2,4,8")
+    assert config.draws and "--tp 1,2,4,8" in config.command()
+    assert RunConfig.from_dict(config.to_dict()).compositions == config.compositions  # read back from meta.json
+    for bad in ("0", "two", "", "1,,2"):
+        with pytest.raises(UserError, match="--tp"):
+            parse_tp_sizes(bad)

@@ -71,6 +71,7 @@ def run_cli(
     seed: int = typer.Option(0, help="--sample: the seed the compositions are drawn with (same seed, same draws)"),
     sample_only: bool = typer.Option(False, "--sample-only", help="--sample: replay the reference and the draws "
                                      "only, not the named compositions"),
+    tp: str = typer.Option("1", "--tp", help="--sample: the tensor-parallel sizes a draw may get, e.g. 1,2,4,8"),
 ) -> None:
     from flakecheck.cli.run import run_from_cli
 
@@ -81,6 +82,7 @@ def run_cli(
         out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
         allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, seed=seed, sample_only=sample_only,
+        tp=tp,
     )
 
 

@@ -85,7 +85,8 @@ def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_M
               grader: str | Sequence[str] | None = None, grader_timeout: float = GRADER_TIMEOUT_S,
               ray: str | None = None, workers: int = 2, cpus_per_worker: int | None = None,
               allow_mixed_devices: bool = False, sample: int = 0, load: str | LoadModel = DEFAULT_LOAD,
-              sample_seed: int = 0, resume: bool = False, progress: bool = False) -> RunData:
+              sample_seed: int = 0, sample_tp: str | Sequence[int] = (1,), resume: bool = False,
+              progress: bool = False) -> RunData:
     """Replay `suite` under each composition and write a run directory; returns it loaded. The options are
     `flakecheck run`'s; `model` may be a model loaded before (its dtype is the run's)."""
     loaded = model if isinstance(model, LoadedModel) else None
@@ -96,7 +97,7 @@ def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_M
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids, replay=replay,
         out=out, html=html, input_format=input_format, grader=grader, grader_timeout=grader_timeout, ray=ray,
         workers=workers, cpus_per_worker=cpus_per_worker, allow_mixed_devices=allow_mixed_devices, sample=sample,
-        load=load, sample_seed=sample_seed)
+        load=load, sample_seed=sample_seed, sample_tp=sample_tp)
     return execute(config, model=loaded, suite=suite if isinstance(suite, Suite) else None, resume=resume,
                    progress=progress)
 
