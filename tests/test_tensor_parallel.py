@@ -245,3 +245,27 @@ def test_sampled_compositions_draw_tp_sizes_and_leave_the_other_axes_as_they_wer
     for bad in ("0", "two", "", "1,,2"):
         with pytest.raises(UserError, match="--tp"):
             parse_tp_sizes(bad)
+
+
+def test_explain_attributes_tp_only_flips_to_the_tp_size_and_prices_the_tp_fixes(wide, suite, tmp_path) -> None:
+    """Under fixed-order kernels only the TP size moves tokens: each flip is the TP change's alone, pinning the
+    TP size or the tp-invariant order stabilises every case, and fixed-order kernels (already the run's) none."""
+    compositions = [Composition("solo"), Composition("b4", max_batch=4), Composition("tp4-b4", tp=4, max_batch=4),
+                    Composition("tp2-ring", tp=2, allreduce="ring", max_batch=3)]
+    run = flakecheck.run_suite(suite, model=wide, out=tmp_path / "run", html=False, kernels="invariant",
+                               compositions=compositions, max_tokens=8)
+    flipped = sorted(run.cases.case_id[run.cases.status.isin(["flaky", "verdict_flaky"])].astype(str))
+    assert flipped, "TP sizes must flip some case here for the test to mean anything"
+    explained = flakecheck.explain_run(run.path, model=wide, steps_after=1, cost_repeats=1)
+    rows = explained.attribution
+    tp_rows = rows[rows.mechanism == "tensor_parallel"].set_index("case_id")
+    assert tp_rows.candidate.all() and tp_rows.reproduces.all()
+    assert not rows[(rows.kind == "reduction")].candidate.any()  # no split reduction in the run's kernels
+    for summary in explained.explain["cases"].values():
+        assert "tensor_parallel" in summary["mechanisms"]
+    fixes = explained.fixes.set_index("fix")
+    for fix in ("pin_tp", "tp_invariant"):
+        assert fixes.loc[fix, "full_fix"] and fixes.loc[fix, "stabilised"] == len(flipped), fix
+    assert fixes.loc["fixed_all", "stabilised"] == 0
+    assert fixes.loc["tp_invariant", "cost_factor"] > 0 and "decode step" in fixes.loc["tp_invariant", "cost"]
+    assert "deployment" in fixes.loc["pin_tp", "cost"]
