@@ -273,16 +273,19 @@ def serve_cli(
 
 
 @app.command("bench",
-             help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration.\n\n"
+             help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration | tp.\n\n"
              "Example: flakecheck bench run --json")
 def bench_cli(
     target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost) | "
                                  "scale (one process against a local Ray cluster) | calibration (predicted vs observed "
-                                 "flip probability, and what --sample costs)"),
+                                 "flip probability, and what --sample costs) | tp (demo flips across TP 1 and 3 beside "
+                                 "batch sizes, and what the tp-invariant order costs)"),
     json_out: bool = typer.Option(False, "--json", help="print only the JSON line"),
     quick: bool = typer.Option(False, help="a smaller workload (smoke test of the benchmark itself)"),
-    cases: int | None = typer.Option(None, help="run, pinning, scale: demo cases to replay (default 24; pinning 12)"),
-    repeats: int | None = typer.Option(None, help="run, pinning: times each side runs (default 1; pinning 3)"),
+    cases: int | None = typer.Option(None, help="run, pinning, scale, tp: demo cases to replay (default 24; pinning "
+                                     "12)"),
+    repeats: int | None = typer.Option(None, help="run, pinning, tp: times each side runs (default 1; pinning 3; tp: "
+                                       "decode-step turns, 15)"),
     suite: Path | None = typer.Option(None, help="scale: time this suite in one process (e.g. suites/large.jsonl)"),
     ray: str | None = typer.Option(None, "--ray", help="run: time the simulated side on a Ray cluster too (--ray "
                                    "alone: a local one; auto; or an address)"),
@@ -292,11 +295,11 @@ def bench_cli(
 ) -> None:
     import importlib
 
-    targets = ("engine", "kernels", "run", "pinning", "scale", "calibration")
+    targets = ("engine", "kernels", "run", "pinning", "scale", "calibration", "tp")
     if target not in targets:
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
     module = importlib.import_module(f"flakecheck.bench.{target}")
-    extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning") else {}
+    extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning", "tp") else {}
     if target == "run" and ray is not None:
         extra.update(ray=ray, workers=workers)
     if target == "scale":
