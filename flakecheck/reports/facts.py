@@ -261,8 +261,10 @@ def _composition_facts(runs: pd.DataFrame, names: list[str], reference: str,
 
 def next_command(facts: RunFacts) -> tuple[str, str]:
     """(why, command): under splitk with divergences, rerun invariant to confirm the fix; else gate it."""
-    if facts.engine.varies and facts.n_diverged:
-        return ("confirm the fix: the same run with fixed-order kernels should make every case stable",
+    tp_fixable = bool(facts.tp_only_flips) and facts.policy != "tp-invariant"  # fixed order does not hold them
+    if (facts.engine.varies or tp_fixable) and facts.n_diverged:
+        kernels = "tp-invariant kernels (its TP sizes differ)" if facts.tensor_parallel else "fixed-order kernels"
+        return (f"confirm the fix: the same run with {kernels} should make every case stable",
                 invariant_rerun(facts))
     return ("gate it in CI", f"flakecheck gate {shlex.quote(str(facts.path))}")
 

@@ -216,8 +216,10 @@ class RunConfig:
         return shlex.join([*self.with_changes(out=out).argv(), "--resume"])
 
     def fixed_order_command(self) -> str:
-        """The same run with fixed-order kernels everywhere, into a new directory: confirms the fix."""
-        fixed = self.engine.with_policy(KernelPolicy.of("invariant"))
+        """The same run with fixed-order kernels everywhere, into a new directory: confirms the fix (the
+        tp-invariant order where the compositions' TP sizes differ: fixed-order kernels do not hold those)."""
+        tp_varies = len({(c.tp, c.allreduce if c.tp > 1 else "") for c in self.compositions}) > 1
+        fixed = self.engine.with_policy(KernelPolicy.of("tp-invariant" if tp_varies else "invariant"))
         return self.with_changes(engine=fixed, out=None).command()
 
     # ------------------------------------------------------------------------------- what is recorded
