@@ -154,7 +154,7 @@ def test_one_rank_is_the_unsharded_projection(wide: LoadedModel, kernels: str) -
     assert {p.sharding.kind for p in (layer.attn.qkv, layer.gate_up)} == {COLUMN}
 
 
-TP_COMPOSITIONS = [Composition("solo"), Composition("tp2", tp=2),
+TP_COMPOSITIONS = [Composition("solo"),
                    Composition("tp4-b4", tp=4, max_batch=4, order_seed=2),  # KV heads replicated
                    Composition("tp2-ring-c7", tp=2, allreduce="ring", max_batch=3, chunk=7),
                    Composition("tp4-tree-prefix", tp=4, allreduce="tree", max_batch=4, prefix_cache=True),
@@ -165,12 +165,12 @@ TP_COMPOSITIONS = [Composition("solo"), Composition("tp2", tp=2),
 @pytest.mark.parametrize("kernels", ["splitk", "invariant"])
 def test_simulated_replay_is_bitwise_physical_replay_at_every_tp_size(wide, suite, tmp_path, kernels) -> None:
     runs = {mode: flakecheck.run_suite(suite, model=wide, out=tmp_path / mode, html=False, replay=mode,
-                                       kernels=kernels, compositions=TP_COMPOSITIONS, max_tokens=8)
+                                       kernels=kernels, compositions=TP_COMPOSITIONS, max_tokens=6)
             for mode in ("physical", "simulated")}
     assert_same_traces(runs["physical"], runs["simulated"])
     # not vacuous: the TP sizes do change tokens (under fixed-order kernels too: their all-reduce is not)
     assert runs["simulated"].runs.first_divergence.notna().any()
-    assert [c["tp"] for c in runs["simulated"].meta["compositions"]] == [1, 2, 4, 2, 4, 2]
+    assert [c["tp"] for c in runs["simulated"].meta["compositions"]] == [1, 4, 2, 4, 2]
 
 
 def _traces(run) -> pd.DataFrame:
