@@ -73,7 +73,7 @@ def test_every_diverged_case_gets_a_row_per_mechanism_and_a_verdict(splitk, expl
     cases = diverged(splitk)
     assert cases, "the split-K run must diverge somewhere for this test to mean anything"
     rows = explained.attribution
-    assert sorted(set(rows.case_id)) == cases and len(rows) == 6 * len(cases)
+    assert sorted(set(rows.case_id)) == cases and len(rows) == 7 * len(cases)
     for case_id, summary in explained.explain["cases"].items():
         mine = rows[rows.case_id == case_id]
         reproducing = set(mine[mine.reproduces].mechanism)
@@ -89,6 +89,7 @@ def test_every_diverged_case_gets_a_row_per_mechanism_and_a_verdict(splitk, expl
         assert candidate["chunked_prefill"] == (composition.chunk is not None)
         assert candidate["prefix_cache"] == composition.prefix_cache
         assert candidate["batch_size"] == (composition.max_batch > 1)
+        assert not candidate["tensor_parallel"]  # every composition here runs at one rank
         # reproducing means diverging at the recorded step
         step = splitk.cases.set_index("case_id").loc[case_id, "first_divergence"]
         assert (mine[mine.reproduces].first_divergence == step).all()

@@ -10,7 +10,8 @@ REDUCTIONS = (("matmul_splitk", "matmul", "matmul split-K"),
               ("attention_splitkv", "attention", "attention split-KV"),
               ("norm_splits", "norm", "norm/softmax row splits"))
 # (mechanism, label): scheduling features, replayed with that feature removed
-SCHEDULING = (("chunked_prefill", "chunked prefill"), ("prefix_cache", "prefix cache"), ("batch_size", "batch size"))
+SCHEDULING = (("chunked_prefill", "chunked prefill"), ("prefix_cache", "prefix cache"), ("batch_size", "batch size"),
+              ("tensor_parallel", "tensor-parallel size"))
 LABELS = {m: label for m, _, label in REDUCTIONS} | dict(SCHEDULING)
 MECHANISMS = tuple(LABELS)
 INTERACTION = "interaction"

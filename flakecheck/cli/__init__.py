@@ -75,6 +75,7 @@ def run_cli(
     seed: int = typer.Option(0, help="--sample: the seed the compositions are drawn with (same seed, same draws)"),
     sample_only: bool = typer.Option(False, "--sample-only", help="--sample: replay the reference and the draws "
                                      "only, not the named compositions"),
+    tp: str = typer.Option("1", "--tp", help="--sample: the tensor-parallel sizes a draw may get, e.g. 1,2,4,8"),
 ) -> None:
     from flakecheck.cli.run import run_from_cli
 
@@ -86,6 +87,7 @@ def run_cli(
         out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
         allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, seed=seed, sample_only=sample_only,
+        tp=tp,
     )
 
 
@@ -332,16 +334,19 @@ def serve_cli(
 
 
 @app.command("bench",
-             help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration.\n\n"
+             help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration | tp.\n\n"
              "Example: flakecheck bench run --json")
 def bench_cli(
     target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost) | "
                                  "scale (one process against a local Ray cluster) | calibration (predicted vs observed "
-                                 "flip probability, and what --sample costs)"),
+                                 "flip probability, and what --sample costs) | tp (demo flips across TP 1 and 3 beside "
+                                 "batch sizes, and what the tp-invariant order costs)"),
     json_out: bool = typer.Option(False, "--json", help="print only the JSON line"),
     quick: bool = typer.Option(False, help="a smaller workload (smoke test of the benchmark itself)"),
-    cases: int | None = typer.Option(None, help="run, pinning, scale: demo cases to replay (default 24; pinning 12)"),
-    repeats: int | None = typer.Option(None, help="run, pinning: times each side runs (default 1; pinning 3)"),
+    cases: int | None = typer.Option(None, help="run, pinning, scale, tp: demo cases to replay (default 24; pinning "
+                                     "12)"),
+    repeats: int | None = typer.Option(None, help="run, pinning, tp: times each side runs (default 1; pinning 3; tp: "
+                                       "decode-step turns, 15)"),
     suite: Path | None = typer.Option(None, help="scale: time this suite in one process (e.g. suites/large.jsonl)"),
     ray: str | None = typer.Option(None, "--ray", help="run: time the simulated side on a Ray cluster too (--ray "
                                    "alone: a local one; auto; or an address)"),
@@ -358,7 +363,7 @@ def bench_cli(
 
     from flakecheck.machine.device import resolve_device
 
-    targets = ("engine", "kernels", "run", "pinning", "scale", "calibration")
+    targets = ("engine", "kernels", "run", "pinning", "scale", "calibration", "tp")
     if target not in targets:
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
     resolved = resolve_device(device)
@@ -366,7 +371,7 @@ def bench_cli(
         raise UserError(f"--device {device}: bench {target} measures the CPU; --device applies to bench engine and "
                         "bench kernels")
     module = importlib.import_module(f"flakecheck.bench.{target}")
-    extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning") else {}
+    extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning", "tp") else {}
     if target == "engine":
         if kernels not in ("native", "splitk", "invariant"):
             raise UserError(f"--kernels must be native, splitk or invariant, got {kernels!r}")

@@ -22,7 +22,7 @@ def run_from_cli(suite: Path, *, model: str, dtype: str, kernels: str, backend: 
                  gap_window: int, repeat: int, limit: int | None, ids: str | None, out: Path | None, resume: bool,
                  replay: str, input_format: str, html: bool, quiet: bool, grader: str | None, grader_timeout: float,
                  ray: str | None, workers: int, cpus_per_worker: int | None, allow_mixed_devices: bool,
-                 sample: int, load: str, seed: int, sample_only: bool) -> None:
+                 sample: int, load: str, seed: int, sample_only: bool, tp: str = "1") -> None:
     compositions = resolve_compositions(compositions_file, composition_specs)
     if sample_only:
         if not sample:
@@ -34,7 +34,7 @@ def run_from_cli(suite: Path, *, model: str, dtype: str, kernels: str, backend: 
         gap_threshold=gap_threshold, gap_window=gap_window,
         repeat=repeat, limit=limit, ids=parse_ids(ids), replay=replay, out=out, html=html, input_format=input_format,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
-        allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, sample_seed=seed)
+        allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, sample_seed=seed, sample_tp=tp)
     try:
         run = execute(config, resume=resume, progress=not quiet)
     except RunInterrupted as exc:

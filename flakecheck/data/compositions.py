@@ -2,15 +2,16 @@
 
 A composition sets how many sequences share a step (`max_batch`), the arrival order (`order_seed`; null keeps
 suite order), the prefill token budget per step (`chunk`), prefix-cache reuse, synthetic filler requests and
-when those arrive. The reference is the composition named "solo" (else the first given); it is always listed
-first.
+when those arrive, and the server's tensor parallelism: `tp` ranks (1: one device) whose partial sums an
+all-reduce adds (`allreduce`: auto | ring | tree | oneshot; see flakecheck/kernels/tensor_parallel.py). The
+reference is the composition named "solo" (else the first given); it is always listed first.
 
 Sources, in order: `--compositions FILE` (.jsonl: one object a line, blank and `#` lines skipped; .json: a
 list of objects), then each `--composition key=value,...`; with neither, DEFAULT_COMPOSITIONS. Keys, in a
 spec or a file: name, max_batch, order_seed, chunk, prefix_cache, fillers (a count, or in a file an object
 {count, prompt_len, output_len, seed}), filler_prompt_len and filler_output_len ("16-64", or one number),
-filler_seed, arrival (together | staggered). A missing name is derived from the fields that differ from the
-defaults: "max_batch=4,chunk=16" -> "b4-c16" (all defaults -> "solo").
+filler_seed, arrival (together | staggered), tp, allreduce. A missing name is derived from the fields that
+differ from the defaults: "max_batch=4,chunk=16" -> "b4-c16", "tp=3" -> "tp3" (all defaults -> "solo").
 
 Fillers: background requests of random token ids, drawn from random.Random seeded by (fillers.seed, repeat),
 never using the special ids. Arrival "together": all at step 0, queued with the cases. Arrival "staggered":
@@ -34,6 +35,8 @@ from flakecheck.errors import InputError, UserError
 
 REFERENCE = "solo"
 ARRIVALS = ("together", "staggered")
+# the all-reduce orders (kernels/tensor_parallel.ALLREDUCES, spelled here: data/ sits below kernels/)
+ALLREDUCES = ("auto", "ring", "tree", "oneshot")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 
 
@@ -61,6 +64,8 @@ class Composition:
     prefix_cache: bool = False
     fillers: Fillers = field(default_factory=Fillers)
     arrival: str = "together"
+    tp: int = 1  # tensor-parallel ranks
+    allreduce: str = "auto"  # how the ranks' partials are summed (auto: by message size)
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -71,6 +76,10 @@ class Composition:
             raise ValueError(f"chunk must be >= 1 (or none), got {self.chunk}")
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.allreduce not in ALLREDUCES:
+            raise ValueError(f"allreduce must be one of {', '.join(ALLREDUCES)}, got {self.allreduce!r}")
 
     @property
     def cases_alone(self) -> bool:
@@ -88,7 +97,7 @@ class Composition:
         """The `--composition` text that parses back to this composition (non-default fields only)."""
         default, filler_default = Composition(self.name), Fillers()
         parts = [f"name={self.name}"]
-        for key in ("max_batch", "order_seed", "chunk", "prefix_cache", "arrival"):
+        for key in ("max_batch", "order_seed", "chunk", "prefix_cache", "arrival", "tp", "allreduce"):
             value = getattr(self, key)
             if value != getattr(default, key):
                 parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
@@ -123,7 +132,7 @@ DEFAULT_COMPOSITIONS: tuple[Composition, ...] = (
 # ------------------------------------------------------------------------------------ building from fields
 
 _FIELDS = ("name", "max_batch", "order_seed", "chunk", "prefix_cache", "fillers", "filler_prompt_len",
-           "filler_output_len", "filler_seed", "arrival")
+           "filler_output_len", "filler_seed", "arrival", "tp", "allreduce")
 
 
 def _build(fields: Mapping[str, Any], convert: Callable[[str, Any], Any]) -> Composition:
@@ -142,7 +151,7 @@ def _build(fields: Mapping[str, Any], convert: Callable[[str, Any], Any]) -> Com
         if flat in values:
             filler_fields[nested] = values[flat]
     kwargs = {k: v for k, v in values.items() if k in ("max_batch", "order_seed", "chunk", "prefix_cache",
-                                                      "arrival")}
+                                                      "arrival", "tp", "allreduce")}
     kwargs["fillers"] = Fillers(**filler_fields)
     name = values.get("name")
     if name is None:
@@ -151,7 +160,8 @@ def _build(fields: Mapping[str, Any], convert: Callable[[str, Any], Any]) -> Com
 
 
 def derive_name(composition: Composition) -> str:
-    """A name from the fields that differ from the defaults: b4-s3-c16-p-f8-stag; all defaults -> "solo"."""
+    """A name from the fields that differ from the defaults: b4-s3-c16-p-f8-stag-tp2-ring; all defaults ->
+    "solo"."""
     c, f, default = composition, composition.fillers, Fillers()
     parts = []
     if c.max_batch != 1:
@@ -172,6 +182,10 @@ def derive_name(composition: Composition) -> str:
         parts.append(f"fs{f.seed}")
     if c.arrival != "together":
         parts.append("stag")
+    if c.tp != 1:
+        parts.append(f"tp{c.tp}")
+    if c.allreduce != "auto":
+        parts.append(c.allreduce)
     return "-".join(parts) or REFERENCE
 
 
@@ -185,13 +199,13 @@ def _typed_value(key: str, value: Any) -> Any:
     """A JSON value (from a file or to_dict) checked for its key."""
     if key in ("order_seed", "chunk"):
         return None if value is None else _int(key, value)
-    if key in ("max_batch", "filler_seed"):
+    if key in ("max_batch", "filler_seed", "tp"):
         return _int(key, value)
     if key == "prefix_cache":
         if not isinstance(value, bool):
             raise ValueError(f"prefix_cache must be true or false, got {json.dumps(value)}")
         return value
-    if key in ("name", "arrival"):
+    if key in ("name", "arrival", "allreduce"):
         if not isinstance(value, str):
             raise ValueError(f"{key} must be a string, got {json.dumps(value)}")
         return value
@@ -233,7 +247,7 @@ def _range_from_text(key: str, text: str) -> tuple[int, int]:
 def _text_value(key: str, text: str) -> Any:
     """A spec's text value converted for its key."""
     text = text.strip()
-    if key in ("name", "arrival"):
+    if key in ("name", "arrival", "allreduce"):
         return text
     if key in ("order_seed", "chunk") and text.lower() in ("none", "null", ""):
         return None

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-WHOLE_ORDERS = ("splitk", "invariant", "native")  # a policy with one order for every op class
+WHOLE_ORDERS = ("splitk", "invariant", "native", "tp-invariant")  # a policy with one order for every op class
 
 
 @dataclass(frozen=True)

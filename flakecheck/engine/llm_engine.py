@@ -14,6 +14,7 @@ from flakecheck.engine.prefix_cache import PrefixCache
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels import Ops, get_ops
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.tensor_parallel import TensorParallel
 
 __all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt", "kv_cache",
            "token_texts"]
@@ -45,6 +46,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.cache)
         self.eos_token_ids = model.eos_token_ids
         self.core: EngineCore | None = None
+        self.tp = TensorParallel()
         self.reconfigure(max_num_seqs, max_num_batched_tokens, enable_prefix_caching)
         if network is None:
             self._warm_up()
@@ -55,14 +57,16 @@ class LLMEngine:
         self.runner.prompt_logprobs([0, 0])
 
     def reconfigure(self, max_num_seqs: int, max_num_batched_tokens: int | None = None,
-                    enable_prefix_caching: bool = False) -> None:
-        """New scheduling limits for the next requests; weights and derived kernels are kept."""
+                    enable_prefix_caching: bool = False, tp: TensorParallel = TensorParallel()) -> None:
+        """New scheduling limits (and tensor parallelism) for the next requests; weights and derived kernels
+        are kept."""
         if self.has_unfinished():
             raise RuntimeError("reconfigure() with requests still in flight")
         if max_num_seqs != self.cache.shape[0]:
             self.cache = kv_cache(self.loaded, max_num_seqs)
             self.runner = ModelRunner(self.model, self.cache)
         config = self.loaded.config
+        self.tp = tp
         self.core = EngineCore(self.cache, self.eos_token_ids, config.max_context, max_num_seqs,
                                max_num_batched_tokens, PrefixCache() if enable_prefix_caching else None)
 
@@ -93,7 +97,7 @@ class LLMEngine:
         scheduled = self.core.propose()
         if not scheduled:
             return []
-        step = self.runner.plan(scheduled)
+        step = self.runner.plan(scheduled, tp=self.tp)
         return self.core.commit(scheduled, self.runner.run([step])[0])
 
     def progress(self, request_id: Any) -> Completion | None:

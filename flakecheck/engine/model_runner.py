@@ -15,6 +15,7 @@ from flakecheck.engine.sampler import greedy_top2
 from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.kernels import AttentionLayout, BatchLayout, Ops, Segment, StepPlan, StepShape
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.tensor_parallel import TensorParallel
 
 
 @dataclass(frozen=True)
@@ -134,10 +135,11 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, cache: KVCache) -> None:
         self.model, self.cache = model, cache
 
-    def plan(self, scheduled: Scheduled, policy: KernelPolicy | None = None) -> PlannedStep:
+    def plan(self, scheduled: Scheduled, policy: KernelPolicy | None = None,
+             tp: TensorParallel = TensorParallel()) -> PlannedStep:
         """The step's reduction orders, from its shape alone (once a step, for every layer); under the
-        model's policy, or another the weights are prepared for."""
-        return PlannedStep(scheduled, self.model.ops.plan_step(step_shape(scheduled), self.model.dims, policy))
+        model's policy, or another the weights are prepared for; at `tp` ranks."""
+        return PlannedStep(scheduled, self.model.ops.plan_step(step_shape(scheduled), self.model.dims, policy, tp))
 
     def forward(self, steps: Seq[PlannedStep]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (model dtype) and fp32 log-probabilities [sampling rows, vocab], steps in order."""

@@ -25,7 +25,7 @@ from flakecheck.bench.kernels import engine_step, interleaved
 from flakecheck.data.compositions import arrival_order
 from flakecheck.engine import LLMEngine, LoadedModel, Request, SamplingParams
 from flakecheck.engine.models import LlamaForCausalLM
-from flakecheck.explain.fixes import FIXES, Cost
+from flakecheck.explain.fixes import Cost, fixes_for
 from flakecheck.explain.source import RunSource
 
 PREFIX_SAMPLE = 16  # prompts prefilled twice to price the prefix cache (a serial prefill is slow on a CPU)
@@ -35,7 +35,7 @@ def measure_costs(source: RunSource, model: LoadedModel, network: LlamaForCausal
                   repeats: int = 3) -> dict[str, Cost]:
     compositions = [c for c, r in source.work if r == 0]
     batches = sorted({1} | {c.max_batch for c in compositions})
-    kernel_fixes = [f for f in FIXES if f.kernels and replace(source.policy, **f.kernels) != source.policy]
+    kernel_fixes = [f for f in fixes_for(source) if f.kernels and replace(source.policy, **f.kernels) != source.policy]
     step_s: dict[int, dict[str, float]] = {}
     for batch in batches:
         calls = {"run": engine_step(network, model, batch)}
@@ -43,6 +43,9 @@ def measure_costs(source: RunSource, model: LoadedModel, network: LlamaForCausal
             calls[fix.id] = engine_step(network, model, batch, policy=replace(source.policy, **fix.kernels))
         step_s[batch] = interleaved(calls, repeats)
     costs: dict[str, Cost] = {}
+    if any(f.pin_tp for f in fixes_for(source)):
+        costs["pin_tp"] = Cost(None, "no compute cost here: a deployment choice (one TP size for every server the "
+                                     "suite meets; a model that needs more ranks than a machine has cannot take it)")
     widest = batches[-1]
     for fix in kernel_fixes:
         factor = geometric_mean([step_s[b][fix.id] / step_s[b]["run"] for b in batches])

@@ -32,9 +32,13 @@ class Fix:
     sglang: str
     kernels: Mapping[str, str] = field(default_factory=dict)  # op class -> order
     scheduling: Mapping[str, Any] = field(default_factory=dict)  # composition field -> value
+    pin_tp: bool = False  # every composition at the reference's TP size and all-reduce
 
-    def apply(self, composition: Any, repeat: int, policy: KernelPolicy) -> Variant:
-        return Variant(replace(composition, **self.scheduling), repeat, replace(policy, **self.kernels))
+    def apply(self, composition: Any, repeat: int, policy: KernelPolicy, reference: Any = None) -> Variant:
+        changes = dict(self.scheduling)
+        if self.pin_tp and reference is not None:
+            changes.update(tp=reference.tp, allreduce=reference.allreduce)
+        return Variant(replace(composition, **changes), repeat, replace(policy, **self.kernels))
 
 
 # Flag names as vLLM and SGLang document them: vLLM's batch invariance is one switch for every reduction
@@ -52,7 +56,25 @@ FIXES = (
         scheduling={"prefix_cache": False}),
     Fix("no_chunked_prefill", "no chunked prefill", "--no-enable-chunked-prefill", "--chunked-prefill-size -1",
         scheduling={"chunk": None}),
+    # TP sizes: one --tensor-parallel-size for every server the suite meets; or reductions whose order no TP
+    # size changes, which neither engine offers (TP-invariant kernels are research: TBIK)
+    Fix("pin_tp", "pin the TP size", "the same --tensor-parallel-size on every server",
+        "the same --tp-size on every server", pin_tp=True),
+    Fix("tp_invariant", "tp-invariant reductions", "no switch (batch invariance does not cover a TP change)",
+        "no switch (deterministic inference does not cover a TP change)",
+        kernels={"matmul": "tp-invariant", "attention": "tp-invariant", "norm": "tp-invariant"}),
 )
+
+
+TP_FIXES = ("pin_tp", "tp_invariant")
+
+
+def fixes_for(source: RunSource) -> tuple[Fix, ...]:
+    """The candidate fixes of a run: the TP ones only where some composition runs at another TP size (or
+    all-reduce) than the reference's — elsewhere there is no TP change to fix."""
+    ref = source.reference
+    varies = any((c.tp, c.allreduce) != (ref.tp, ref.allreduce) and max(c.tp, ref.tp) > 1 for c, _ in source.work)
+    return FIXES if varies else tuple(f for f in FIXES if f.id not in TP_FIXES)
 
 
 @dataclass
@@ -68,9 +90,9 @@ class FixResult:
 
 def plan_fixes(source: RunSource, flaky: Sequence[Divergence], replays: Replays) -> None:
     """Ask `replays` for every flaky case under every composition of the run, each fix applied."""
-    for fix in FIXES:
+    for fix in fixes_for(source):
         for composition, repeat in source.work:
-            variant = fix.apply(composition, repeat, source.policy)
+            variant = fix.apply(composition, repeat, source.policy, source.reference)
             for divergence in flaky:
                 replays.need(variant, divergence.case_id)
 
@@ -79,11 +101,11 @@ def evaluate_fixes(source: RunSource, flaky: Sequence[Divergence], replays: Repl
                    decode: Callable[[list[int]], str], grader: GraderSpec | None) -> list[FixResult]:
     """After `replays` ran: per fix, which flaky cases it stabilises and which verdict flips remain."""
     results = []
-    for fix in FIXES:
+    for fix in fixes_for(source):
         changes, replayed = [], []
         outputs: dict[str, list[tuple[str, int, list[int], str]]] = {d.case_id: [] for d in flaky}
         for composition, repeat in source.work:
-            variant = fix.apply(composition, repeat, source.policy)
+            variant = fix.apply(composition, repeat, source.policy, source.reference)
             label = run_label(composition.name, repeat)
             if computation_key(variant) != computation_key(Variant(composition, repeat, source.policy)):
                 changes.append(label)

@@ -9,8 +9,13 @@ reproduces* a case's divergence when its pair's tokens first differ at the step 
   classes that are split (`splitk`) in the run's own policy are candidates: a fixed-order class cannot flip.
 - Scheduling mechanisms, under the run's own kernels, each as (the divergent composition without the
   feature, the divergent composition): chunked prefill (chunks -> whole prompts), prefix-cache reuse (cached
-  -> recomputed KV), and the batch-size axis alone (the reference against the divergent composition stripped
-  of chunking, prefix cache and fillers). Only features the divergent composition has are candidates.
+  -> recomputed KV), the batch-size axis alone (the reference against the divergent composition stripped
+  of chunking, prefix cache, fillers and its own tensor parallelism), and the tensor-parallel size alone (the
+  reference against the reference at the divergent composition's TP size and all-reduce). Only features the
+  divergent composition has are candidates.
+
+The reduction and batch-size pairs run at the reference's TP size, so that a TP change never passes for one
+of them.
 
 Side `a` plays the reference's part and side `b` the divergent one's, so a pair's token pair at its first
 divergence compares with the run's (reference token, divergent token).
@@ -46,13 +51,17 @@ def pairs(divergence: Divergence, reference: Composition, run_policy: KernelPoli
     """Every mechanism's pair for one diverged case, candidates or not (with the reason)."""
     found = []
     d, r = divergence.composition, divergence.repeat
+    other_tp = (d.tp, d.allreduce) != (reference.tp, reference.allreduce) and max(d.tp, reference.tp) > 1
+    # the divergent composition at the reference's TP size: what the other mechanisms are replayed on
+    at_reference_tp = replace(d, name=f"{d.name[:58]}-reftp", tp=reference.tp, allreduce=reference.allreduce) \
+        if other_tp else d
     for mechanism, op_class, _ in REDUCTIONS:
         order = getattr(run_policy, op_class)
         if order != "splitk":
             found.append(Pair(mechanism, "reduction", None, None, f"{op_class} is {order} in the run's kernels"))
             continue
         alone = KernelPolicy(**{op_class: "splitk"})
-        found.append(Pair(mechanism, "reduction", Variant(reference, 0, alone), Variant(d, r, alone)))
+        found.append(Pair(mechanism, "reduction", Variant(reference, 0, alone), Variant(at_reference_tp, r, alone)))
     own = Variant(d, r, run_policy)
     if d.chunk is None:
         found.append(Pair("chunked_prefill", "scheduling", None, None, f"{d.name} prefills whole prompts"))
@@ -65,8 +74,15 @@ def pairs(divergence: Divergence, reference: Composition, run_policy: KernelPoli
     if d.max_batch == 1:
         found.append(Pair("batch_size", "scheduling", None, None, f"{d.name} is serial (max_batch 1)"))
     else:
-        stripped = _without(own, "batchonly", chunk=None, prefix_cache=False, fillers=Fillers())
+        stripped = _without(own, "batchonly", chunk=None, prefix_cache=False, fillers=Fillers(), tp=reference.tp,
+                            allreduce=reference.allreduce)
         found.append(Pair("batch_size", "scheduling", Variant(reference, 0, run_policy), stripped))
+    if not other_tp:
+        found.append(Pair("tensor_parallel", "scheduling", None, None, f"{d.name} runs at the reference's TP size"))
+    else:
+        tp_alone = Variant(replace(reference, name=f"{reference.name[:56]}-tp{d.tp}", tp=d.tp, allreduce=d.allreduce),
+                           0, run_policy)
+        found.append(Pair("tensor_parallel", "scheduling", Variant(reference, 0, run_policy), tp_alone))
     return found
 
 

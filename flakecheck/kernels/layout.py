@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
@@ -19,6 +20,17 @@ from flakecheck.kernels.plan import StepPlan
 
 Rows = slice | torch.Tensor  # a contiguous range of rows, or row indices
 Groups = tuple[tuple[int, Rows], ...]  # (order, rows that follow it), one entry per order
+
+
+class ShardOrder(NamedTuple):
+    """What a sharded op's rows follow: the step's TP size and all-reduce, and each shard's order."""
+
+    tp: int
+    allreduce: str
+    order: int
+
+
+ShardedGroups = tuple[tuple[ShardOrder, Rows], ...]  # one entry per (TP size, all-reduce, order)
 
 
 @dataclass(frozen=True)
@@ -32,9 +44,9 @@ class Segment:
     plan: StepPlan
 
 
-def group_rows(spans: Sequence[tuple[int, int, int]], total: int) -> Groups:
+def group_rows(spans: Sequence[tuple[Any, int, int]], total: int) -> tuple[tuple[Any, Rows], ...]:
     """(order, lo, hi) spans -> one entry per order; a single contiguous run stays a slice."""
-    by_order: dict[int, list[tuple[int, int]]] = {}
+    by_order: dict[Any, list[tuple[int, int]]] = {}
     for order, lo, hi in spans:
         if hi > lo:
             by_order.setdefault(order, []).append((lo, hi))
@@ -64,10 +76,10 @@ class BatchLayout:
 
     def __init__(self, segments: Sequence[Segment], num_rows: int, num_sample_rows: int) -> None:
         self.segments, self.num_rows, self.num_sample_rows = tuple(segments), num_rows, num_sample_rows
-        self._memo: dict[tuple[str, int, int], Groups] = {}
+        self._memo: dict[tuple[str, int, int], Any] = {}
 
-    def _groups(self, key: tuple[str, int, int], order_of: Callable[[StepPlan], int], sampling: bool,
-                rows_per_token: int = 1) -> Groups:
+    def _groups(self, key: tuple[str, int, int], order_of: Callable[[StepPlan], Any], sampling: bool,
+                rows_per_token: int = 1) -> Any:
         if key not in self._memo:
             spans = [(order_of(s.plan), (s.samples if sampling else s.rows)[0] * rows_per_token,
                       (s.samples if sampling else s.rows)[1] * rows_per_token) for s in self.segments]
@@ -87,6 +99,20 @@ class BatchLayout:
 
     def final(self) -> Groups:
         return self._groups(("final", 0, 0), lambda p: p.final, sampling=True)
+
+    def sharded(self, n: int, k: int) -> ShardedGroups:
+        """A projection's rows by their step's TP size, all-reduce and shard order."""
+        return self._groups(("sharded", n, k), lambda p: ShardOrder(p.tp.size, p.tp.allreduce, p.projection(n, k)),
+                            sampling=False)
+
+    def sharded_lm_head(self) -> ShardedGroups:
+        return self._groups(("sharded_lm_head", 0, 0), lambda p: ShardOrder(p.tp.size, p.tp.allreduce, p.lm_head),
+                            sampling=True)
+
+    def sharded_final(self) -> ShardedGroups:
+        """The log-softmax's rows by their step's TP size (its vocabulary shards) and order."""
+        return self._groups(("sharded_final", 0, 0), lambda p: ShardOrder(p.tp.size, p.tp.allreduce, p.final),
+                            sampling=True)
 
     def kv_splits(self, num_seqs: int) -> list[int]:
         """Each sequence's keys per attention split: its step's plan."""

@@ -20,6 +20,7 @@ from flakecheck.kernels.layout import AttentionLayout, Groups
 from flakecheck.kernels.plan import ModelDims, StepPlan, StepShape
 from flakecheck.kernels.policy import KernelPolicy, attention_split, matmul_order, norm_order, plan_step
 from flakecheck.kernels.profiles import get_profile
+from flakecheck.kernels.tensor_parallel import TensorParallel
 from flakecheck.kernels.weights import LinearWeights
 
 
@@ -51,12 +52,14 @@ class Ops:
         """What this policy's matmuls read from a weight, made once when the model is built."""
         return self.executor.prepare_linear(weight, bias, set(self.matmul_orders))
 
-    def plan_step(self, shape: StepShape, dims: ModelDims, policy: KernelPolicy | None = None) -> StepPlan:
-        """The step's plan under this Ops' policy, or another whose matmul orders the weights are prepared for."""
+    def plan_step(self, shape: StepShape, dims: ModelDims, policy: KernelPolicy | None = None,
+                  tp: TensorParallel = TensorParallel()) -> StepPlan:
+        """The step's plan under this Ops' policy, or another whose matmul orders the weights are prepared for;
+        at `tp` ranks (one by default)."""
         policy = policy or self.policy
         if policy.matmul not in self.matmul_orders:
             raise ValueError(f"weights are not prepared for {policy.matmul} matmuls")
-        return plan_step(policy, shape, dims, self.sms)
+        return plan_step(policy, shape, dims, self.sms, tp)
 
     def attention_meta(self, layout: AttentionLayout, group: int, device: torch.device) -> Any:
         """The backend's per-forward attention metadata (masks, row groups), built once for every layer."""

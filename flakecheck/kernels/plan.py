@@ -5,7 +5,11 @@ of that step executes, on any backend. A plan entry is an *order*:
 
 - FIXED: the fixed-order (batch-invariant) kernel;
 - NATIVE: the framework's own kernel, whose order depends on the physical batch;
-- S >= 1: a split reduction in S parts (split-K matmul, S row splits for norms), partials added in order.
+- S >= 1: a split reduction in S parts (split-K matmul, S row splits for norms), partials added in order;
+- BLOCKED: the log-softmax of the tp-invariant order (exponentials summed in fixed vocabulary blocks).
+
+A step also says its tensor parallelism (flakecheck/kernels/tensor_parallel.py): how many ranks, and the
+all-reduce that sums their partials; its projection orders are those of each rank's shard.
 
 For attention the entry is the number of keys per split (NATIVE for the framework's kernel).
 """
@@ -14,8 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flakecheck.kernels.tensor_parallel import ShardedDims, TensorParallel
+
 FIXED = 0
 NATIVE = -1
+BLOCKED = -2
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,12 @@ class ModelDims:
     lm_head: tuple[int, int]
     kv_heads: int
     norm_rows_per_token: tuple[int, ...] = (1,)  # 1: hidden-state norms; heads: per-head q/k norms
+    # how tensor parallelism shards it (None: a model that is never sharded): the fused qkv projection,
+    # whose columns follow the heads, and the row-parallel projections, whose K is sharded; every other
+    # projection is column-parallel
+    sharded: ShardedDims | None = None
+    qkv: tuple[int, int] | None = None
+    row_parallel: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class StepPlan:
     kv_split: int  # keys per attention split, or NATIVE
     norms: tuple[tuple[int, int], ...]  # (rows per token, order)
     final: int  # the final norm and the log-softmax, over the sampling rows
+    tp: TensorParallel = TensorParallel()  # the ranks, and the all-reduce this step's message size selects
 
     def projection(self, n: int, k: int) -> int:
         for shape, order in self.projections:

@@ -7,17 +7,31 @@ e.g. `matmul=splitk,attention=invariant,norm=invariant` (classes not named are f
 - `attention`: the attention reduction over keys (split-KV under `splitk`);
 - `norm`: the row reductions of RMSNorm and of the log-softmax over the vocabulary (split rows
   under `splitk`).
+
+`tp-invariant` is `invariant` made independent of the tensor-parallel size as well: every matmul reduces
+K in fixed TP_BLOCK-wide fp32 partials summed in block order (ranks exchange the partials unrounded), the
+log-softmax sums in fixed vocabulary blocks; attention and RMSNorm, which no rank splits, are fixed-order.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from flakecheck.kernels.plan import FIXED, NATIVE, ModelDims, StepPlan, StepShape
+from flakecheck.kernels.plan import BLOCKED, FIXED, NATIVE, ModelDims, StepPlan, StepShape
 from flakecheck.kernels.profiles import attention_splits, kv_chunk_size, matmul_splits, row_splits, split_bounds
+from flakecheck.kernels.tensor_parallel import (
+    TP_BLOCK,
+    TP_INVARIANT,
+    TensorParallel,
+    kv_heads_per_rank,
+    resolve_allreduce,
+    shard_bounds,
+)
 
 OP_CLASSES = ("matmul", "attention", "norm")
-ORDERS = ("splitk", "invariant", "native")
+ORDERS = ("splitk", "invariant", "native", TP_INVARIANT)
+FIXED_ORDERS = ("invariant", TP_INVARIANT)  # an op class under either runs a batch-invariant order
 KV_SPLIT_SIZE = 256  # keys a split of the fixed-order attention, whatever the batch
 
 
@@ -70,9 +84,12 @@ def parse_policy(spec: str) -> KernelPolicy:
 def matmul_order(policy: KernelPolicy, m: int, n: int, k: int, sms: int) -> int:
     """A [m, k] x [k, n] matmul's order: split-K count from the heuristic, fixed, or native. The count
     is the number of K ranges the splits really make (6, 7 and 8 splits of K=576 all cut it into six
-    96-wide ranges), so that steps computing the same thing share one call."""
+    96-wide ranges), so that steps computing the same thing share one call. `tp-invariant`: K in
+    TP_BLOCK-wide ranges whatever the batch (and, given the whole K, whatever the TP size)."""
     if policy.matmul == "splitk":
         return len(split_bounds(k, matmul_splits(max(m, 1), n, k, sms)))
+    if policy.matmul == TP_INVARIANT:
+        return max(1, math.ceil(k / TP_BLOCK))
     return FIXED if policy.matmul == "invariant" else NATIVE
 
 
@@ -80,29 +97,59 @@ def norm_order(policy: KernelPolicy, rows: int, sms: int) -> int:
     """A row reduction's order (RMSNorm, log-softmax) over `rows` rows: row splits, fixed, or native."""
     if policy.norm == "splitk":
         return row_splits(rows, sms)
-    return FIXED if policy.norm == "invariant" else NATIVE
+    return FIXED if policy.norm in FIXED_ORDERS else NATIVE
 
 
 def attention_split(policy: KernelPolicy, shape: StepShape, kv_heads: int, sms: int) -> int:
     """Keys per attention split of every sequence of the step: from the split-KV heuristic over the
-    whole step (`splitk`), the fixed size, or NATIVE."""
+    whole step (`splitk`; `kv_heads`: those of one rank), the fixed size, or NATIVE."""
     if policy.attention == "splitk":
         longest = max(shape.context_lens)
         splits = attention_splits(shape.num_seqs, kv_heads, max(shape.query_lens), longest, sms)
         return kv_chunk_size(longest, splits)
-    return KV_SPLIT_SIZE if policy.attention == "invariant" else NATIVE
+    return KV_SPLIT_SIZE if policy.attention in FIXED_ORDERS else NATIVE
 
 
-def plan_step(policy: KernelPolicy, shape: StepShape, dims: ModelDims, sms: int) -> StepPlan:
+def shard_shape(dims: ModelDims, n: int, k: int, size: int) -> tuple[int, int]:
+    """The (N, K) of one rank's GEMM of an (N, K) projection at `size` ranks: a row-parallel one's K shard,
+    the qkv's columns of its heads, any other's (and the LM head's) column shard."""
+    if size == 1 or dims.sharded is None:
+        return n, k
+    if (n, k) in dims.row_parallel:
+        return n, k // size
+    if (n, k) == dims.qkv:
+        s = dims.sharded
+        return (s.heads // size + 2 * kv_heads_per_rank(s.kv_heads, size)) * s.head_dim, k
+    lo, hi = shard_bounds(n, size)[0]
+    return hi - lo, k
+
+
+def plan_step(policy: KernelPolicy, shape: StepShape, dims: ModelDims, sms: int,
+              tp: TensorParallel = TensorParallel()) -> StepPlan:
     """The reduction order of every op of one step: the one description of each policy that every
     backend executes. `splitk` derives split counts from the step's shape through the device
-    profile's heuristics (flakecheck/kernels/profiles.py); `invariant` fixes them; `native` defers to the
-    framework's kernels."""
-    rows, samples = shape.num_rows, shape.num_sample_rows
+    profile's heuristics (flakecheck/kernels/profiles.py) — each rank's shard's shape under tensor
+    parallelism; `invariant` fixes them; `native` defers to the framework's kernels. `tp`: the ranks and the
+    all-reduce asked for (`auto` resolved here from the step's message size)."""
+    rows, samples, size = shape.num_rows, shape.num_sample_rows, tp.size
+    if size > 1 and dims.sharded is None:
+        raise ValueError("this model has no tensor-parallel layout")
+
+    def order(m: int, n: int, k: int) -> int:
+        if policy.matmul == TP_INVARIANT:  # blocks of the whole K: every rank's blocks are among them
+            return matmul_order(policy, m, n, k, sms)
+        return matmul_order(policy, m, *shard_shape(dims, n, k, size), sms)
+
+    if size > 1 and policy.matmul == TP_INVARIANT:
+        allreduce = TP_INVARIANT
+    else:
+        message = rows * (dims.sharded.hidden * dims.sharded.act_bytes if dims.sharded else 0)
+        allreduce = resolve_allreduce(tp.allreduce, size, message)
     return StepPlan(
-        projections=tuple((nk, matmul_order(policy, rows, *nk, sms)) for nk in dims.projections),
-        lm_head=matmul_order(policy, samples, *dims.lm_head, sms),
-        kv_split=attention_split(policy, shape, dims.kv_heads, sms),
+        projections=tuple((nk, order(rows, *nk)) for nk in dims.projections),
+        lm_head=order(samples, *dims.lm_head),
+        kv_split=attention_split(policy, shape, kv_heads_per_rank(dims.kv_heads, size), sms),
         norms=tuple((r, norm_order(policy, rows * r, sms)) for r in dims.norm_rows_per_token),
-        final=norm_order(policy, samples, sms),
+        final=BLOCKED if policy.norm == TP_INVARIANT else norm_order(policy, samples, sms),
+        tp=TensorParallel(size, allreduce),
     )

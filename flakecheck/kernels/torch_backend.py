@@ -25,14 +25,16 @@ from flakecheck.kernels.native import (
     native_rmsnorm,
 )
 from flakecheck.kernels.paths import FAST, KernelPaths
-from flakecheck.kernels.plan import FIXED, NATIVE
+from flakecheck.kernels.plan import BLOCKED, FIXED, NATIVE
 from flakecheck.kernels.profiles import split_bounds
+from flakecheck.kernels.tensor_parallel import TP_INVARIANT, blocked_log_softmax
 from flakecheck.kernels.torch_twins import (
     SplitAttentionMeta,
     fbgemm_fixed_order_linear,
     finish_linear,
     fixed_order_matmul,
     rmsnorm_from_sumsq,
+    short_sum,
     split_attention,
     split_k_matmul,
     split_row_log_softmax,
@@ -55,10 +57,10 @@ class TorchBackend:
         return faults.perturb(out, rows) if (primitive, path) in self.faults else out
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None, orders: set[str]) -> LinearWeights:
-        """The copies the given matmul orders read (`splitk`: fp32; `invariant`: the fp16 pack where FBGEMM
-        serves it, else fp32; `native`: the fp16 pack)."""
+        """The copies the given matmul orders read (`splitk`, `tp-invariant`: fp32; `invariant`: the fp16 pack
+        where FBGEMM serves it, else fp32; `native`: the fp16 pack)."""
         fbgemm = self.paths.fbgemm == "padded"
-        fp32 = "splitk" in orders or ("invariant" in orders and not fbgemm)
+        fp32 = bool({"splitk", TP_INVARIANT} & orders) or ("invariant" in orders and not fbgemm)
         fp16 = "native" in orders or ("invariant" in orders and fbgemm)
         return LinearWeights.prepare(weight, bias, fp32=fp32, fp16=fp16)
 
@@ -91,6 +93,7 @@ class TorchBackend:
         return tiled_matmul(x32, w32) if path == "tiled" else rowwise_matmul(x32, w32)
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, order: int) -> torch.Tensor:
+        order = FIXED if order == BLOCKED else order  # the final norm of the tp-invariant order: no rank splits it
         lanes = self.paths.norm == "lanes"
         if order in (NATIVE, FIXED) and not (lanes and order == FIXED):
             # ATen's fused RMSNorm reduces each fp32 row in one thread in a length-determined order
@@ -104,6 +107,9 @@ class TorchBackend:
         return self._fault("norm", self.paths.norm, out, x.shape[0]) if self.faults else out
 
     def log_softmax(self, logits: torch.Tensor, order: int) -> torch.Tensor:
+        if order == BLOCKED:
+            out = blocked_log_softmax(logits, short_sum)
+            return self._fault("softmax", self.paths.softmax, out, logits.shape[0]) if self.faults else out
         lanes = self.paths.softmax == "lanes"
         if order in (NATIVE, FIXED) and not (lanes and order == FIXED):
             # one thread a whole row in a length-determined order (measured row-invariant for 1..512

@@ -175,6 +175,17 @@ def split_row_log_softmax(logits32: torch.Tensor, splits: int) -> torch.Tensor:
     return logits32 - row_max - torch.log(total)
 
 
+def split_short_sum(values: torch.Tensor, splits: int) -> torch.Tensor:
+    """Sum over the last dim (keepdim) cut into `splits` contiguous parts, each a short_sum, added in order:
+    the sum of exponentials split_row_log_softmax makes, for one vocabulary shard."""
+    width = values.shape[-1]
+    step = math.ceil(width / max(splits, 1))
+    acc = short_sum(values[..., :step])
+    for lo in range(step, width, step):
+        acc = acc + short_sum(values[..., lo : lo + step])
+    return acc
+
+
 def short_sum(values: torch.Tensor) -> torch.Tensor:
     """Sum over the last dim (keepdim) in two levels of at most SHORT_SUM values each. ATen splits a single
     long row's sum across threads (a row of 49152 alone: other bits than inside a batch, and not even the

@@ -13,7 +13,9 @@ from flakecheck.kernels import triton_kernels as tk
 from flakecheck.kernels.layout import AttentionLayout
 from flakecheck.kernels.native import native_log_softmax, native_rmsnorm
 from flakecheck.kernels.paths import FAST
-from flakecheck.kernels.plan import FIXED, NATIVE
+from flakecheck.kernels.plan import BLOCKED, FIXED, NATIVE
+from flakecheck.kernels.tensor_parallel import blocked_log_softmax
+from flakecheck.kernels.torch_twins import short_sum
 from flakecheck.kernels.weights import LinearWeights
 
 
@@ -51,6 +53,8 @@ class TritonBackend:
     def log_softmax(self, logits: torch.Tensor, order: int) -> torch.Tensor:
         if order == NATIVE:
             return native_log_softmax(logits)
+        if order == BLOCKED:  # the tp-invariant order: torch's short row sums in fixed blocks, on any device
+            return blocked_log_softmax(logits, short_sum)
         return tk.log_softmax(logits, splits=max(order, 0))
 
     def attention_meta(self, layout: AttentionLayout, group: int, device: torch.device) -> tuple[TritonAttentionGroup,

@@ -31,10 +31,11 @@ import torch
 
 from flakecheck.kernels.faults import active
 from flakecheck.kernels.paths import CHOICES, KernelPaths
-from flakecheck.kernels.plan import FIXED
-from flakecheck.kernels.policy import KV_SPLIT_SIZE, KernelPolicy, matmul_order
+from flakecheck.kernels.plan import BLOCKED, FIXED
+from flakecheck.kernels.policy import FIXED_ORDERS, KV_SPLIT_SIZE, KernelPolicy, matmul_order
 from flakecheck.kernels.profiles import MAX_ROW_SPLITS, get_profile
 from flakecheck.kernels.registry import get_ops
+from flakecheck.kernels.tensor_parallel import TP_INVARIANT
 from flakecheck.machine import probes
 from flakecheck.machine.cache import cache_root
 from flakecheck.machine.fingerprint import MachineFingerprint, current, flakecheck_version
@@ -207,7 +208,7 @@ def run_checks(ctx: _Context, fingerprint: MachineFingerprint) -> Verification:
             failed.append(primitive)
     if policy.matmul == "native":
         chosen["native_matmul"] = native_matmul_path(fingerprint)
-    invariant_classes = {cls for cls in ("matmul", "attention", "norm") if getattr(policy, cls) == "invariant"}
+    invariant_classes = {cls for cls in ("matmul", "attention", "norm") if getattr(policy, cls) in FIXED_ORDERS}
     invariant_failed = tuple(p for p in failed if _op_class(p) in invariant_classes)
     return Verification(fingerprint, policy.name, KernelPaths(**chosen), tuple(results), needed, tuple(failed),
                         invariant_failed, time.perf_counter() - started)
@@ -237,11 +238,11 @@ def _checks_by_primitive(ctx: _Context) -> dict[str, Check]:
             checks["fbgemm"] = lambda ops, path: _matmul_checks(ctx, ops, "fbgemm", path, {FIXED})
         checks["fixed_matmul"] = lambda ops, path: _matmul_checks(ctx, ops, "fixed_matmul", path, {FIXED},
                                                                     fp32_path=True)
-    elif policy.matmul == "splitk":
+    elif policy.matmul in ("splitk", TP_INVARIANT):  # tp-invariant: split-K in fixed blocks
         checks["split_matmul"] = lambda ops, path: _matmul_checks(ctx, ops, "split_matmul", path, None)
-    if policy.attention in ("invariant", "splitk"):
+    if policy.attention in ("splitk", *FIXED_ORDERS):
         checks["attention"] = lambda ops, path: _attention_checks(ctx, ops, path)
-    if policy.norm in ("invariant", "splitk"):
+    if policy.norm in ("splitk", *FIXED_ORDERS):
         checks["norm"] = lambda ops, path: _norm_checks(ctx, ops, path)
         checks["softmax"] = lambda ops, path: _softmax_checks(ctx, ops, path)
     return checks
@@ -278,7 +279,7 @@ def _matmul_checks(ctx: _Context, ops: Any, primitive: str, path: str, orders: s
 def _attention_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
     kv = ctx.data("kv", lambda: probes.KVCacheProbe.make(ctx.gen, ctx.dims, ctx.dtype, ctx.device,
                                                                   **ctx.kv_probe))
-    invariant = ctx.policy.attention == "invariant"
+    invariant = ctx.policy.attention in FIXED_ORDERS
     found = []
     for split in (KV_SPLIT_SIZE,) if invariant else SPLIT_ATTENTION_SIZES:
         found.append(PropertyResult("attention", path, f"attention rows split {split}",
@@ -291,8 +292,10 @@ def _attention_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult
     return found
 
 
-def _norm_orders(policy: KernelPolicy) -> list[int]:
-    return [FIXED] if policy.norm == "invariant" else list(range(1, MAX_ROW_SPLITS + 1))
+def _norm_orders(policy: KernelPolicy, softmax: bool = False) -> list[int]:
+    if policy.norm == TP_INVARIANT and softmax:
+        return [BLOCKED]
+    return [FIXED] if policy.norm in FIXED_ORDERS else list(range(1, MAX_ROW_SPLITS + 1))
 
 
 def _norm_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
@@ -312,4 +315,5 @@ def _softmax_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
     logits = ctx.data("logits", lambda: probes.random(ctx.gen, BLOCK_ROWS, ctx.dims.vocab, dtype=ctx.dtype,
                                                       scale=4.0, device=ctx.device))
     return [PropertyResult("softmax", path, f"log_softmax rows {ctx.dims.vocab} order {order}",
-                           probes.log_softmax_rows(ops, order, logits)) for order in _norm_orders(ctx.policy)]
+                           probes.log_softmax_rows(ops, order, logits))
+            for order in _norm_orders(ctx.policy, softmax=True)]

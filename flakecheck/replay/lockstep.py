@@ -25,6 +25,7 @@ from flakecheck.engine.model_runner import ModelRunner, sample
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.tensor_parallel import TensorParallel
 from flakecheck.replay.shared_rows import RowSharing, SharedPass
 
 
@@ -36,6 +37,7 @@ class Member:
     on_finish: Callable[[Completion], None]
     ready: Callable[[], bool] = field(default=lambda: True)
     policy: KernelPolicy | None = None  # plans this core's steps (None: the network's own policy)
+    tp: TensorParallel = TensorParallel()  # the tensor parallelism its steps are planned at
     # whether the core has computed all that is wanted of it: it then stops, its unfinished requests end
     # with finish_reason "window" (handed to on_finish as they are) and their KV slots return to the pool
     done: Callable[[], bool] = field(default=lambda: False)
@@ -115,7 +117,7 @@ class Lockstep:
         current = self.sharing.new_pass()
         members: list[Member] = []
         for member, scheduled in proposals:
-            step = self.runner.plan(scheduled, member.policy)
+            step = self.runner.plan(scheduled, member.policy, member.tp)
             rows, seqs = self.sharing.arrange(current, step)
             if current.steps and current.builder.num_rows + rows > self.max_rows:
                 self._run(current, members)

@@ -13,6 +13,7 @@ from typing import Any
 from flakecheck.data.compositions import Composition, arrival_order, make_fillers
 from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, Request, SamplingParams
+from flakecheck.kernels.tensor_parallel import NONE, TensorParallel
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,11 @@ class FillerId:
 
 def is_filler(request_id: Any) -> bool:
     return isinstance(request_id, FillerId)
+
+
+def tensor_parallel(composition: Composition) -> TensorParallel:
+    """The ranks a composition's steps are planned at, and the all-reduce it names (none at one rank)."""
+    return TensorParallel(composition.tp, composition.allreduce if composition.tp > 1 else NONE)
 
 
 def trace_of(c: Completion, composition: str, repeat: int) -> Trace:

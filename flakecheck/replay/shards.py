@@ -60,13 +60,13 @@ def plan_units(cases: Sequence[CaseRequest], work: Sequence[tuple[Composition, i
     ids = frozenset(c.case_id for c in cases)
     units: list[Unit] = []
     serial: dict[str, list[Job]] = {c.case_id: [] for c in cases}
-    chunks: dict[str, set[int | None]] = {c.case_id: set() for c in cases}
+    chunks: dict[str, set[tuple[int | None, int, str]]] = {c.case_id: set() for c in cases}
     total = sum(case_rows(c) for c in cases)
     for composition, repeat in work:
         if composition.cases_alone:
             for case in cases:
                 serial[case.case_id].append(Job(composition, repeat, cases=frozenset({case.case_id})))
-                chunks[case.case_id].add(composition.chunk)
+                chunks[case.case_id].add((composition.chunk, composition.tp, composition.allreduce))
             continue
         fillers = composition.fillers
         # fillers are computed only where a prefix cache lets a case read their KV (else they shape steps only)
@@ -74,7 +74,7 @@ def plan_units(cases: Sequence[CaseRequest], work: Sequence[tuple[Composition, i
         units.append(Unit((Job(composition, repeat, cases=ids),), total + filler_rows))
     for case in cases:
         if serial[case.case_id]:
-            # one computation per chunk budget, whatever composition or repeat reports it
+            # one computation per chunk budget (and TP), whatever composition or repeat reports it
             units.append(Unit(tuple(serial[case.case_id]), case_rows(case) * len(chunks[case.case_id])))
     return units
 

@@ -107,9 +107,10 @@ class RowSharing:
         previous = seq.lineage_before(start)
         if previous is None:  # keys and values of unknown origin: its rows match no other
             previous = os.urandom(16)
-        # a row's keys, values and hidden state follow the plan's body; the LM head and final norm orders
-        # matter only to what a sampling row samples (`sampled` is keyed by them)
-        body = (plan.projections, plan.norms, plan.kv_split)
+        # a row's keys, values and hidden state follow the plan's body (its TP size and all-reduce included);
+        # the LM head and final norm orders matter only to what a sampling row samples (`sampled` is keyed by
+        # them, and by the digest, which holds the TP size that shards the LM head too)
+        body = (plan.projections, plan.norms, plan.kv_split, plan.tp)
         plan_id = self._plans.setdefault(body, struct.pack("<Q", len(self._plans)))
         keys = []
         for position in range(start, start + n):

@@ -37,8 +37,9 @@ from flakecheck.engine.llm_engine import kv_cache
 from flakecheck.engine.models import LlamaForCausalLM
 from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.tensor_parallel import TensorParallel
 from flakecheck.replay.lockstep import Lockstep, Member
-from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, trace_of
+from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, tensor_parallel, trace_of
 
 MAX_SLOTS = 256  # KV slots in the pool: sequences held at once across every core
 MAX_ROWS = 2048  # rows of one physical forward pass
@@ -131,7 +132,7 @@ class _Builder:
         self.case_ids = [c.case_id for c in cases]
         self.on_case_done, self.on_run_done = on_case_done, on_run_done
         # serial cores without a prefix cache, shared by every run that schedules the same computation
-        self.serial: dict[tuple[str, int | None, KernelPolicy | None], list[RunTraces]] = {}
+        self.serial: dict[tuple[str, int | None, KernelPolicy | None, TensorParallel], list[RunTraces]] = {}
         self.runs: dict[tuple[str, int], RunTraces] = {}  # each job's traces, by (job name, repeat)
 
     def core(self, max_num_seqs: int, chunk: int | None, prefix: PrefixCache | None) -> EngineCore:
@@ -164,12 +165,12 @@ class _Builder:
             for request in requests:
                 if is_filler(request.request_id) or str(request.request_id) not in reported:
                     continue  # fillers and other cases never share a step with a case of a serial composition
-                key = (str(request.request_id), composition.chunk, job.policy)
+                key = (str(request.request_id), composition.chunk, job.policy, tensor_parallel(composition))
                 if key not in self.serial:
                     self.serial[key] = []
                     core = self.core(1, composition.chunk, None)
                     core.add_request(Request(request.request_id, request.prompt_ids, request.params))
-                    self.lockstep.add(Member(core, self.listener(self.serial[key]), policy=job.policy,
+                    self.lockstep.add(Member(core, self.listener(self.serial[key]), policy=job.policy, tp=key[3],
                                              done=self.wanted(core, self.serial[key], [key[0]])))
                 self.serial[key].append(run)
         elif composition.max_batch > 1:
@@ -210,7 +211,7 @@ class _Builder:
             # cache: without one it shapes the steps and needs no computing
             filler = is_filler(request.request_id) and request.params.ignore_eos
             core.add_request(replace(request, shape_only=filler and prefix is None))
-        self.lockstep.add(Member(core, self.listener(runs), policy=job.policy,
+        self.lockstep.add(Member(core, self.listener(runs), policy=job.policy, tp=tensor_parallel(composition),
                                  done=self.wanted(core, runs, runs[0].case_ids)))
 
     def _serial_with_prefix(self, job: Job, run: RunTraces, requests: list[Request]) -> None:
@@ -233,7 +234,8 @@ class _Builder:
             waits = list(earlier.get(key, [])) if key is not None else []
             reported = [str(request.request_id)] if str(request.request_id) in run.case_ids else []
             self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits),
-                                     policy=job.policy, done=self.wanted(core, [run], reported)))
+                                     policy=job.policy, tp=tensor_parallel(job.composition),
+                                     done=self.wanted(core, [run], reported)))
             if key is not None:
                 earlier.setdefault(key, []).append(core)
 

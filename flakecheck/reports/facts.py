@@ -73,6 +73,8 @@ class CompositionFacts:
     is_reference: bool
     diverged_cases: int
     verdict_changes: int
+    tp: int = 1  # tensor-parallel ranks, as the run recorded the composition
+    allreduce: str = "auto"
 
 
 @dataclass
@@ -95,6 +97,8 @@ class RunFacts:
     empty_answers: list[str] = field(default_factory=list)  # cases whose reference answer is empty or blank
     verdicts: dict[str, dict[str, bool | None]] = field(default_factory=dict)  # case -> run label -> passed
     run_labels: list[str] = field(default_factory=list)  # every (composition, repeat), in replay order
+    # diverged cases that diverge only under compositions of another TP size than the reference's
+    tp_only_flips: list[str] = field(default_factory=list)
 
     @property
     def policy(self) -> str:
@@ -151,6 +155,17 @@ class RunFacts:
     def composition_names(self) -> list[str]:
         return [c.name for c in self.compositions]
 
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether any composition runs at another TP size than one."""
+        return any(c.tp != 1 for c in self.compositions)
+
+    def composition_label(self, c: CompositionFacts) -> str:
+        """The name, with its TP size and all-reduce where a composition of the run is tensor-parallel."""
+        if not self.tensor_parallel:
+            return c.name
+        return f"{c.name} (tp {c.tp}{', ' + c.allreduce if c.tp > 1 else ''})"
+
     def top(self, n: int) -> list[dict[str, Any]]:
         """The n cases most likely to flip that are not stable (a stable case has nothing to show)."""
         return [c for c in self.cases if c["status"] != "stable"][:max(n, 0)]
@@ -163,6 +178,7 @@ def gather(run: RunData) -> RunFacts:
     for c in cases:
         counts[c["status"]] = counts.get(c["status"], 0) + 1
     names = record.composition_names
+    compositions = _composition_facts(run.runs, names, record.reference, record.compositions)
     return RunFacts(
         path=run.path,
         suite_name=record.suite_name,
@@ -176,11 +192,12 @@ def gather(run: RunData) -> RunFacts:
         counts=counts,
         verdict_flips=[c["case_id"] for c in cases if c["verdict_flip"]],
         cases=cases,
-        compositions=_composition_facts(run.runs, names, record.reference),
+        compositions=compositions,
         command=record.command,
         record=record,
         empty_answers=_empty_answers(run.runs, record.reference),
         **_verdicts(run.runs, names),
+        tp_only_flips=_tp_only_flips(run.runs, compositions),
     )
 
 
@@ -216,8 +233,25 @@ def empty_answer_warning(facts: RunFacts) -> str | None:
     return text
 
 
-def _composition_facts(runs: pd.DataFrame, names: list[str], reference: str) -> list[CompositionFacts]:
-    """Per composition: cases whose output diverged from the reference, and whose verdict changed."""
+def _tp_only_flips(runs: pd.DataFrame, compositions: list[CompositionFacts]) -> list[str]:
+    """Cases that diverge from the reference, and only under compositions at another TP size than its own:
+    the TP change (its all-reduce, its shards' split-K) flips them, nothing a batch does at the reference's."""
+    reference_tp = next((c.tp for c in compositions if c.is_reference), 1)
+    other_tp = {c.name for c in compositions if c.tp != reference_tp}
+    if not other_tp:
+        return []
+    diverged = runs[runs["first_divergence"].notna()]
+    by_case: dict[str, set[str]] = {}
+    for case_id, name in zip(diverged["case_id"], diverged["composition"]):
+        by_case.setdefault(str(case_id), set()).add(str(name))
+    return sorted(case for case, names in by_case.items() if names <= other_tp)
+
+
+def _composition_facts(runs: pd.DataFrame, names: list[str], reference: str,
+                       recorded: tuple[dict[str, Any], ...] = ()) -> list[CompositionFacts]:
+    """Per composition: cases whose output diverged from the reference, whose verdict changed, and its TP size
+    and all-reduce as recorded (a run without them: one rank)."""
+    by_name = {str(c.get("name")): c for c in recorded}
     ref = runs[(runs["composition"] == reference)].sort_values("repeat").drop_duplicates("case_id")
     ref_passed = dict(zip(ref["case_id"], ref["passed"].map(clean)))
     facts = []
@@ -228,14 +262,18 @@ def _composition_facts(runs: pd.DataFrame, names: list[str], reference: str) -> 
             case_id for case_id, passed in zip(rows["case_id"], rows["passed"].map(clean))
             if passed is not None and ref_passed.get(case_id) is not None and passed != ref_passed[case_id]
         }
-        facts.append(CompositionFacts(name, name == reference, int(diverged), len(changed)))
+        tp = by_name.get(name, {})
+        facts.append(CompositionFacts(name, name == reference, int(diverged), len(changed), int(tp.get("tp") or 1),
+                                      str(tp.get("allreduce") or "auto")))
     return facts
 
 
 def next_command(facts: RunFacts) -> tuple[str, str]:
     """(why, command): under splitk with divergences, rerun invariant to confirm the fix; else gate it."""
-    if facts.engine.varies and facts.n_diverged:
-        return ("confirm the fix: the same run with fixed-order kernels should make every case stable",
+    tp_fixable = bool(facts.tp_only_flips) and facts.policy != "tp-invariant"  # fixed order does not hold them
+    if (facts.engine.varies or tp_fixable) and facts.n_diverged:
+        kernels = "tp-invariant kernels (its TP sizes differ)" if facts.tensor_parallel else "fixed-order kernels"
+        return (f"confirm the fix: the same run with {kernels} should make every case stable",
                 invariant_rerun(facts))
     return ("gate it in CI", f"flakecheck gate {shlex.quote(str(facts.path))}")
 
@@ -297,3 +335,6 @@ def flip_summary(facts: RunFacts) -> str | None:
 CONFIDENT_NOTE = ("a gap above the near-tie threshold and above every gap shift measured before a divergence flipped: "
                   "batch-order rounding did not move logits that far anywhere else in this run, so look for a bug "
                   "or a larger numeric difference (dtype, quantisation, another build)")
+TP_ONLY_NOTE = ("they diverge only where the tensor-parallel size differs from the reference's: the all-reduce's "
+                "order (and each shard's GEMM) changed their logits; fixed-order kernels do not hold them, a pinned "
+                "TP size or --kernels tp-invariant does")

@@ -40,12 +40,13 @@ def report_dict(run: RunData, top: int = 10) -> dict[str, Any]:
                           "warning": empty_answer_warning(facts)},
         "input_format": facts.record.details.get("input_format"),
         "score": {**facts.score.to_dict(), "sentence": swing_sentence(facts.score)},
-        "flips": {"counts": facts.flip_counts, "confident": facts.confident_flips},
+        "flips": {"counts": facts.flip_counts, "confident": facts.confident_flips, "tp_only": facts.tp_only_flips},
         # flip probability over the draws: how they were drawn, agreement, the score under load, calibration
         "flip_probability": facts.record.flip,
         "grader": facts.record.details.get("grader"),
         "compositions": [
-            {"name": c.name, "reference": c.is_reference, "diverged_cases": c.diverged_cases,
+            {"name": c.name, "reference": c.is_reference, "tp": c.tp, "allreduce": c.allreduce,
+             "diverged_cases": c.diverged_cases,
              "verdict_changes": c.verdict_changes, "score": facts.score.per_composition.get(c.name)}
             for c in facts.compositions
         ],

@@ -13,6 +13,7 @@ from flakecheck.data.rundir import STATUSES, RunData
 from flakecheck.reports.explanation import Explanation, explanation, fmt_cost, mechanism_counts, stabilised
 from flakecheck.reports.facts import (
     CONFIDENT_NOTE,
+    TP_ONLY_NOTE,
     RunFacts,
     empty_answer_warning,
     flip_summary,
@@ -62,6 +63,10 @@ def markdown_from_facts(facts: RunFacts, top: int = 10, explained: Explanation |
         lines.append(f"**Verdict flips ({len(facts.verdict_flips)}):** {ids}{more}")
     else:
         lines.append("**No verdict flips.**")
+    if facts.tp_only_flips:
+        ids = ", ".join(md_text(c, 80) for c in facts.tp_only_flips[:50])
+        more = f" (+{len(facts.tp_only_flips) - 50} more)" if len(facts.tp_only_flips) > 50 else ""
+        lines += ["", f"**TP-only flips ({len(facts.tp_only_flips)}):** {ids}{more} — {TP_ONLY_NOTE}."]
     lines += ["", *score_and_flip_lines(facts)]
     risky = facts.top(top)
     if risky:
@@ -71,7 +76,7 @@ def markdown_from_facts(facts: RunFacts, top: int = 10, explained: Explanation |
               "|---|---:|---:|---:|"]
     scores = facts.score.per_composition
     for c in facts.compositions:
-        label = md_text(c.name) + (" (reference)" if c.is_reference else "")
+        label = md_text(facts.composition_label(c)) + (" (reference)" if c.is_reference else "")
         lines.append(f"| {label} | {c.diverged_cases} | {c.verdict_changes} | {fmt_rate(scores.get(c.name))} |")
     if explained is not None:
         lines += explanation_lines(explained, top)
@@ -81,7 +86,7 @@ def markdown_from_facts(facts: RunFacts, top: int = 10, explained: Explanation |
 
 
 def header_lines(facts: RunFacts) -> list[str]:
-    compositions = ", ".join(md_text(n) for n in facts.composition_names)
+    compositions = ", ".join(md_text(facts.composition_label(c)) for c in facts.compositions)
     return [
         f"- **{facts.n_cases} cases**, flaky rate {fmt_rate(facts.flaky_rate)} "
         f"({facts.n_diverged} flaky or verdict_flaky)",

@@ -19,6 +19,7 @@ from flakecheck.reports.explanation import (
 )
 from flakecheck.reports.facts import (
     CONFIDENT_NOTE,
+    TP_ONLY_NOTE,
     RunFacts,
     empty_answer_warning,
     flip_summary,
@@ -58,6 +59,11 @@ def render_summary(run: RunData, console: Console, top: int = 10) -> None:
         console.print(f"[bold red]verdict flips ({len(facts.verdict_flips)}):[/] {shown}{more}")
     else:
         console.print("[green]no verdict flips[/]: every case grades the same under every composition")
+    if facts.tp_only_flips:
+        shown = ", ".join(escape(str(c)) for c in facts.tp_only_flips[:20])
+        more = f" (+{len(facts.tp_only_flips) - 20} more)" if len(facts.tp_only_flips) > 20 else ""
+        console.print(f"[bold red]TP-only flips ({len(facts.tp_only_flips)}):[/] {shown}{more} — "
+                      f"{escape(TP_ONLY_NOTE)}")
     for line in score_lines(facts):
         console.print(line)
     flips = flip_summary(facts)
@@ -134,7 +140,7 @@ def score_lines(facts: RunFacts) -> list[str]:
 
 
 def _header(facts: RunFacts) -> str:
-    compositions = ", ".join(facts.composition_names)
+    compositions = ", ".join(facts.composition_label(c) for c in facts.compositions)
     return (f"[bold]{escape(facts.suite_name)}[/]: {facts.n_cases} cases · model {escape(facts.model)} "
             f"({escape(facts.dtype)}) · kernels [bold]{escape(facts.policy)}[/] ({escape(facts.runs_on)}, "
             f"profile {escape(facts.profile)}) · compositions {escape(compositions)} "

@@ -37,6 +37,8 @@ from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import GraderSpec, grader_spec
+from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.tensor_parallel import TP_INVARIANT, ShardedDims, check_size
 from flakecheck.machine.device import peak_memory
 from flakecheck.machine.fingerprint import in_force
 from flakecheck.machine.probes import ProbeDims
@@ -86,7 +88,8 @@ def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_M
               grader: str | Sequence[str] | None = None, grader_timeout: float = GRADER_TIMEOUT_S,
               ray: str | None = None, workers: int = 2, cpus_per_worker: int | None = None,
               allow_mixed_devices: bool = False, sample: int = 0, load: str | LoadModel = DEFAULT_LOAD,
-              sample_seed: int = 0, resume: bool = False, progress: bool = False) -> RunData:
+              sample_seed: int = 0, sample_tp: str | Sequence[int] = (1,), resume: bool = False,
+              progress: bool = False) -> RunData:
     """Replay `suite` under each composition and write a run directory; returns it loaded. The options are
     `flakecheck run`'s; `model` may be a model loaded before (its dtype is the run's)."""
     loaded = model if isinstance(model, LoadedModel) else None
@@ -98,7 +101,7 @@ def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_M
         gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids, replay=replay,
         out=out, html=html, input_format=input_format, grader=grader, grader_timeout=grader_timeout, ray=ray,
         workers=workers, cpus_per_worker=cpus_per_worker, allow_mixed_devices=allow_mixed_devices, sample=sample,
-        load=load, sample_seed=sample_seed)
+        load=load, sample_seed=sample_seed, sample_tp=sample_tp)
     return execute(config, model=loaded, suite=suite if isinstance(suite, Suite) else None, resume=resume,
                    progress=progress)
 
@@ -154,6 +157,7 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
     requests = case_requests(config, suite_obj, loaded)
     prompt_lengths = {r.case_id: len(r.prompt_ids) for r in requests}
     check_prompt_lengths(suite_obj, lambda case: prompt_lengths[case.id], context, config.max_tokens)
+    check_tensor_parallel(config.compositions, loaded, engine.policy)
     for comp in config.compositions:
         longest_filler = comp.fillers.prompt_len[1] + comp.fillers.output_len[1]
         if comp.fillers.count and longest_filler > context:
@@ -171,6 +175,17 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
             cluster.stop()
         raise
     return PreparedRun(config.with_changes(out=directory.path), suite_obj, loaded, spec, requests, directory, cluster)
+
+
+def check_tensor_parallel(compositions: Sequence[Composition], model: LoadedModel, policy: KernelPolicy) -> None:
+    """UserError naming the composition and the model's dimension when its TP size cannot shard the model."""
+    c = model.config
+    dims = ShardedDims(c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size, c.hidden_size)
+    for comp in compositions:
+        try:
+            check_size(dims, comp.tp, tp_invariant=policy.matmul == TP_INVARIANT)
+        except ValueError as err:
+            raise UserError(f"composition '{comp.name}': {err}") from None
 
 
 def case_requests(config: RunConfig, suite: Suite, model: LoadedModel) -> list[CaseRequest]:

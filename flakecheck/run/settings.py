@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis.flip.load import DEFAULT_LOAD, LoadModel, parse_load, sample_compositions
+from flakecheck.analysis.flip.load import DEFAULT_LOAD, LoadModel, parse_load, parse_tp_sizes, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.data.input_format import INPUT_FORMATS
 from flakecheck.engine.loader import DEFAULT_MODEL
@@ -62,14 +62,15 @@ class Sampling:
     n: int
     seed: int
     draws: tuple[Composition, ...]
+    tp_sizes: tuple[int, ...] = (1,)  # the tensor-parallel sizes a draw may get
 
     @classmethod
-    def draw(cls, load: LoadModel, n: int, seed: int) -> Sampling | None:
+    def draw(cls, load: LoadModel, n: int, seed: int, tp_sizes: tuple[int, ...] = (1,)) -> Sampling | None:
         """N draws from `load` with `seed`; None for N = 0. UserError naming the flag of a bad count or seed."""
         for value, flag in ((n, "--sample"), (seed, "--seed")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"{flag} must be an integer >= 0, got {value!r}")
-        return cls(load, n, seed, tuple(sample_compositions(load, n, seed))) if n else None
+        return cls(load, n, seed, tuple(sample_compositions(load, n, seed, tp_sizes)), tp_sizes) if n else None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -77,7 +78,7 @@ class Sampling:
 
     def to_dict(self) -> dict[str, Any]:
         """What meta.json's flip block records of the sampling."""
-        return {"n": self.n, "seed": self.seed, "load": self.load.to_dict()}
+        return {"n": self.n, "seed": self.seed, "load": self.load.to_dict(), "tp": list(self.tp_sizes)}
 
 
 @dataclass(frozen=True)
@@ -132,13 +133,14 @@ class RunConfig:
               grader: str | Sequence[str] | None = None, grader_timeout: float = GRADER_TIMEOUT_S,
               ray: str | None = None, workers: int = 2, cpus_per_worker: int | None = None,
               allow_mixed_devices: bool = False, sample: int = 0, load: str | LoadModel = DEFAULT_LOAD,
-              sample_seed: int = 0) -> RunConfig:
+              sample_seed: int = 0, sample_tp: str | Sequence[int] = (1,)) -> RunConfig:
         """The settings from the options' text: the one place text becomes typed."""
         engine = EngineSettings.parse(model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
                                       device=device, gpu_memory_utilization=gpu_memory_utilization)
         load_model = load if isinstance(load, LoadModel) else parse_load(load)
         named = tuple(compositions) if compositions is not None else DEFAULT_COMPOSITIONS
-        return cls(Path(suite), engine, named, Sampling.draw(load_model, sample, sample_seed), load_model,
+        sampling = Sampling.draw(load_model, sample, sample_seed, parse_tp_sizes(sample_tp))
+        return cls(Path(suite), engine, named, sampling, load_model,
                    max_tokens, gap_threshold, gap_window, repeat, limit, tuple(ids), replay,
                    Path(out) if out is not None else None, html, input_format,
                    grader_argv(grader) if grader else (), grader_timeout, ray, workers, cpus_per_worker,
@@ -188,6 +190,8 @@ class RunConfig:
             args += ["--load", self.load.spec]
         if self.sampling is not None and self.sampling.seed != 0:
             args += ["--seed", str(self.sampling.seed)]
+        if self.sampling is not None and self.sampling.tp_sizes != (1,):
+            args += ["--tp", ",".join(map(str, self.sampling.tp_sizes))]
         if self.ids:
             args += ["--ids", ",".join(self.ids)]
         if self.out is not None:
@@ -213,8 +217,10 @@ class RunConfig:
         return shlex.join([*self.with_changes(out=out).argv(), "--resume"])
 
     def fixed_order_command(self) -> str:
-        """The same run with fixed-order kernels everywhere, into a new directory: confirms the fix."""
-        fixed = self.engine.with_policy(KernelPolicy.of("invariant"))
+        """The same run with fixed-order kernels everywhere, into a new directory: confirms the fix (the
+        tp-invariant order where the compositions' TP sizes differ: fixed-order kernels do not hold those)."""
+        tp_varies = len({(c.tp, c.allreduce if c.tp > 1 else "") for c in self.compositions}) > 1
+        fixed = self.engine.with_policy(KernelPolicy.of("tp-invariant" if tp_varies else "invariant"))
         return self.with_changes(engine=fixed, out=None).command()
 
     # ------------------------------------------------------------------------------- what is recorded
@@ -233,6 +239,7 @@ class RunConfig:
             "allow_mixed_devices": self.allow_mixed_devices,
             "sample": self.sampling.n if self.sampling else 0, "load": self.load.spec,
             "load_model": self.load.to_dict(), "sample_seed": self.sampling.seed if self.sampling else 0,
+            "sample_tp": list(self.sampling.tp_sizes) if self.sampling else [1],
         }
 
     @classmethod
@@ -245,8 +252,8 @@ class RunConfig:
 
         recorded = data.get("load_model")
         load = LoadModel.from_dict(recorded) if isinstance(recorded, dict) else parse_load(get("load", DEFAULT_LOAD))
-        sample, seed = int(get("sample", 0)), int(get("sample_seed", 0))
-        drawn = {c.name for c in sample_compositions(load, sample, seed)} if sample else set()
+        sample, seed, tp = int(get("sample", 0)), int(get("sample_seed", 0)), tuple(get("sample_tp", [1]))
+        drawn = {c.name for c in sample_compositions(load, sample, seed, tp)} if sample else set()
         named = [c for c in map(Composition.from_dict, get("compositions", [])) if c.name not in drawn]
         return cls.parse(
             str(data["suite"]), model=get("model", DEFAULT_MODEL), dtype=get("dtype", "bfloat16"),
@@ -259,7 +266,7 @@ class RunConfig:
             html=get("html", True), input_format=get("input_format", "auto"), grader=tuple(get("grader", ())),
             grader_timeout=get("grader_timeout", GRADER_TIMEOUT_S), ray=data.get("ray"), workers=get("workers", 2),
             cpus_per_worker=data.get("cpus_per_worker"), allow_mixed_devices=get("allow_mixed_devices", False),
-            sample=sample, load=load, sample_seed=seed)
+            sample=sample, load=load, sample_seed=seed, sample_tp=tp)
 
     def trace_settings(self) -> dict[str, Any]:
         """The settings that decide the traces (a resume must not change them). Thresholds and the grader

@@ -14,7 +14,9 @@ the request itself included). Two sources:
 
 `sample_compositions` draws N whole-suite compositions from one seeded generator: the batch size, the
 arrival order (where each case lands in its batch), the chunked-prefill budget, prefix caching, and filler
-requests that keep the batch at that size (their count, prompt and output lengths, seed, arrival). The same
+requests that keep the batch at that size (their count, prompt and output lengths, seed, arrival), and with
+`--tp 1,2,4,8` the tensor-parallel size of the server the request lands on (uniform over the sizes given,
+from a generator of its own: the other axes draw as without it). The same
 (load, N, seed) gives the same compositions on every machine: random.Random with a string seed hashes it
 with SHA-512, independent of PYTHONHASHSEED.
 """
@@ -25,7 +27,8 @@ import json
 import math
 import random
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flakecheck.data.compositions import Composition, Fillers
@@ -168,11 +171,20 @@ def _add(counts: dict[int, float], size: float, weight: float) -> None:
     counts[batch] = counts.get(batch, 0.0) + weight
 
 
-def sample_compositions(load: LoadModel, n: int, seed: int) -> list[Composition]:
-    """N compositions drawn from `load` with random.Random(seed)."""
-    rng = random.Random(f"flakecheck-sample:{seed}")
+def parse_tp_sizes(text: str | Sequence[int]) -> tuple[int, ...]:
+    """`--tp 1,2,4,8`: the TP sizes a draw may get (distinct, in order); UserError naming --tp otherwise."""
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else [str(p) for p in text]
+    if not parts or not all(re.fullmatch(r"\d+", p) and int(p) >= 1 for p in parts):
+        raise UserError(f"--tp {text!r}: expected TP sizes >= 1 separated by commas, e.g. 1,2,4,8")
+    return tuple(dict.fromkeys(int(p) for p in parts))
+
+
+def sample_compositions(load: LoadModel, n: int, seed: int, tp_sizes: Sequence[int] = (1,)) -> list[Composition]:
+    """N compositions drawn from `load` (and `tp_sizes`) with random.Random(seed)."""
+    rng, tp_rng = random.Random(f"flakecheck-sample:{seed}"), random.Random(f"flakecheck-sample-tp:{seed}")
     width = max(2, len(str(n)))
-    return [_draw(load, rng, f"{SAMPLE_PREFIX}{i + 1:0{width}d}") for i in range(n)]
+    return [replace(_draw(load, rng, f"{SAMPLE_PREFIX}{i + 1:0{width}d}"), tp=tp_rng.choice(tuple(tp_sizes)))
+            for i in range(n)]
 
 
 def _draw(load: LoadModel, rng: random.Random, name: str) -> Composition:

@@ -10,10 +10,12 @@ from flakecheck.engine.layers.activation import silu_and_mul
 from flakecheck.engine.layers.attention import Attention
 from flakecheck.engine.layers.embedding import Embedding, LMHead
 from flakecheck.engine.layers.linear import Linear
+from flakecheck.engine.layers.parallel import COLUMN, ROW, Sharding
 from flakecheck.engine.layers.rmsnorm import RMSNorm
 from flakecheck.engine.layers.rotary import RotaryEmbedding
 from flakecheck.engine.model_config import ModelConfig
 from flakecheck.kernels import ModelDims, Ops
+from flakecheck.kernels.tensor_parallel import ShardedDims, qkv_columns, shard_bounds
 
 
 class DecoderLayer:
@@ -34,20 +36,29 @@ class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], ops: Ops, max_len: int) -> None:
         self.config, self.ops = config, ops
         embed = weights["model.embed_tokens.weight"]
+        self.sharded = ShardedDims(config.num_heads, config.num_kv_heads, config.head_dim, config.intermediate_size,
+                                   config.vocab_size, config.hidden_size, embed.dtype.itemsize)
         self.rotary = RotaryEmbedding(config.hf_config, max_len, embed.dtype, embed.device)
         self.embed = Embedding(weights["model.embed_tokens.weight"])
         self.layers = [self._layer(i, weights) for i in range(config.num_layers)]
         self.norm = RMSNorm(ops, weights["model.norm.weight"], config.rms_norm_eps)
         head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
-        self.lm_head = LMHead(ops, head)
+        self.lm_head = LMHead(ops, head, Sharding(COLUMN, lambda n: _slices(head.shape[0], n)))
         first = self.layers[0]
         rows_per_token = (1, config.num_heads, config.num_kv_heads) if config.qk_norm else (1,)
+        projections = (first.attn.qkv, first.attn.o_proj, first.gate_up, first.down)
+        # a plan holds one order per shape: projections that share a shape must shard alike (else the model
+        # runs unsharded only)
+        shardable = len({p.shape for p in projections}) == len({(p.shape, p.sharding.kind, p is first.attn.qkv)
+                                                                 for p in projections if p.sharding is not None})
         self.dims = ModelDims(
-            projections=tuple(dict.fromkeys(p.shape for p in (first.attn.qkv, first.attn.o_proj, first.gate_up,
-                                                               first.down))),
+            projections=tuple(dict.fromkeys(p.shape for p in projections)),
             lm_head=self.lm_head.proj.shape,
             kv_heads=config.num_kv_heads,
             norm_rows_per_token=tuple(dict.fromkeys(rows_per_token)),
+            sharded=self.sharded if shardable else None,
+            qkv=first.attn.qkv.shape,
+            row_parallel=tuple(dict.fromkeys(p.shape for p in (first.attn.o_proj, first.down))),
         )
         self.group = config.num_heads // config.num_kv_heads  # query heads per KV head
 
@@ -55,17 +66,23 @@ class LlamaForCausalLM:
         c, ops, p = self.config, self.ops, f"model.layers.{i}."
         names = ("q_proj", "k_proj", "v_proj")
         biases = [w[f"{p}self_attn.{n}.bias"] for n in names] if c.qkv_bias else None
-        qkv = Linear.fused(ops, [w[f"{p}self_attn.{n}.weight"] for n in names], biases)
+        sharded = self.sharded
+        qkv = Linear.fused(ops, [w[f"{p}self_attn.{n}.weight"] for n in names], biases,
+                           Sharding(COLUMN, lambda n: qkv_columns(sharded, n)))
         o_bias = w.get(f"{p}self_attn.o_proj.bias")
-        o_proj = Linear(ops, w[f"{p}self_attn.o_proj.weight"], o_bias)
+        o_proj = Linear(ops, w[f"{p}self_attn.o_proj.weight"], o_bias,
+                        Sharding(ROW, lambda n: _slices(c.num_heads * c.head_dim, n)))
         q_norm = k_norm = None
         if c.qk_norm:
             q_norm = RMSNorm(ops, w[f"{p}self_attn.q_norm.weight"], c.rms_norm_eps)
             k_norm = RMSNorm(ops, w[f"{p}self_attn.k_norm.weight"], c.rms_norm_eps)
         attn = Attention(ops, i, qkv, o_proj, c.num_heads, c.num_kv_heads, c.head_dim, q_norm, k_norm)
         mlp_biases = [w[f"{p}mlp.{n}.bias"] for n in ("gate_proj", "up_proj")] if c.mlp_bias else None
-        gate_up = Linear.fused(ops, [w[f"{p}mlp.gate_proj.weight"], w[f"{p}mlp.up_proj.weight"]], mlp_biases)
-        down = Linear(ops, w[f"{p}mlp.down_proj.weight"], w.get(f"{p}mlp.down_proj.bias"))
+        inter = c.intermediate_size
+        gate_up = Linear.fused(ops, [w[f"{p}mlp.gate_proj.weight"], w[f"{p}mlp.up_proj.weight"]], mlp_biases,
+                               Sharding(COLUMN, lambda n: [torch.cat((s, inter + s)) for s in _slices(inter, n)]))
+        down = Linear(ops, w[f"{p}mlp.down_proj.weight"], w.get(f"{p}mlp.down_proj.bias"),
+                      Sharding(ROW, lambda n: _slices(inter, n)))
         return DecoderLayer(
             attn,
             gate_up,
@@ -87,3 +104,8 @@ class LlamaForCausalLM:
             return empty, empty.float()
         layout = batch.layout
         return self.lm_head(self.norm(hidden, layout.final() if layout is not None else None), layout)
+
+
+def _slices(width: int, size: int) -> list[torch.Tensor]:
+    """Each rank's contiguous columns of a dimension of `width` (gate and up: its part of each)."""
+    return [torch.arange(lo, hi) for lo, hi in shard_bounds(width, size)]
