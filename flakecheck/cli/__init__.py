@@ -123,7 +123,7 @@ def probe_cli(
     noise: Path | None = typer.Option(None, help="a `flakecheck conformance` directory: predict each case's flip "
                                       "probability from that server's measured noise (one serial pass is enough)"),
     noise_in_flight: int | None = typer.Option(None, help="--noise: the requests in flight to predict for "
-                                               "(default: this probe's highest level; a serial probe: every level "
+                                               "(default: this probe's highest level; a serial probe: the largest load "
                                                "the profile measured)"),
 ) -> None:
     from flakecheck.cli.probe import probe_from_cli
