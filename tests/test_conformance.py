@@ -81,6 +81,28 @@ def test_expect_serial_gates_only_run_to_run(tmp_path: Path) -> None:
     assert code == 1 and data["failed"] == ["run_to_run"]
 
 
+def test_ctrl_c_exits_130_and_keeps_the_finished_units_as_a_probe_does(capsys, tmp_path: Path, monkeypatch) -> None:
+    from flakecheck.probe.conformance import check
+
+    original = check.run_unit
+
+    async def interrupt_at_arrival_middle(client, options, unit, vocab):
+        if unit.name == "arrival.middle":
+            raise KeyboardInterrupt
+        return await original(client, options, unit, vocab)
+
+    monkeypatch.setattr(check, "run_unit", interrupt_at_arrival_middle)
+    out = tmp_path / "c"
+    small = [a for k, v in SMALL.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    with ThreadedServer(make_breaking_app(Breaks(None))) as server:
+        code, _, err = run_cli(capsys, "conformance", "--endpoint", server.url, "--out", out, "--quiet", *small)
+    assert code == 130, err
+    assert "interrupted" in err and "--resume" in err
+    saved = {p.name for p in (out / "partial").glob("unit.*.json")}
+    assert {"unit.reference.json", "unit.arrival.first.json"} <= saved and "unit.arrival.middle.json" not in saved
+    assert not (out / "conformance.json").exists()
+
+
 def test_a_failed_request_keeps_finished_units_and_resume_sends_only_the_rest(tmp_path: Path,
                                                                               monkeypatch) -> None:
     out = tmp_path / "c"
