@@ -170,3 +170,20 @@ def test_the_suites_cases_are_targets_too(tmp_path: Path) -> None:
     assert code == 0 and data["targets"][-2:] == ["chat-1", "raw-1"]
     compared = {c["target"] for axis in data["axes"] for lv in axis["levels"] for c in lv["comparisons"]}
     assert {"chat-1", "raw-1"} <= compared
+
+
+def test_the_command_lines_defaults_are_the_settings_defaults() -> None:
+    import dataclasses
+
+    import typer.main
+
+    from flakecheck.cli import app
+
+    command = typer.main.get_command(app).commands["conformance"]  # type: ignore[attr-defined]
+    defaults = {f.name: f.default for f in dataclasses.fields(ConformanceConfig)
+                if f.default is not dataclasses.MISSING}
+    compared = [p.name for p in command.params if p.name in defaults]
+    assert {"max_tokens", "targets", "max_batch", "burst", "chunk_budget", "seed", "retries"} <= set(compared)
+    for param in command.params:
+        if param.name in defaults:
+            assert param.default == defaults[param.name], param.name

@@ -156,7 +156,7 @@ def conformance_cli(
     targets: int = typer.Option(4, help="generated target prompts (seeded: two servers get the same requests)"),
     suite: Path | None = typer.Option(None, help="also use this suite's cases as targets"),
     limit: int | None = typer.Option(None, help="--suite: only its first N cases"),
-    max_tokens: int = typer.Option(24, help="tokens per target answer"),
+    max_tokens: int = typer.Option(16, help="tokens per target answer"),
     burst: int = typer.Option(8, help="requests in flight in the arrival-position bursts"),
     chunk_budget: int = typer.Option(512, help="the server's prefill chunk budget in tokens (vLLM's "
                                      "--max-num-batched-tokens); the chunked-prefill prompt is longer"),
