@@ -81,6 +81,28 @@ def test_expect_serial_gates_only_run_to_run(tmp_path: Path) -> None:
     assert code == 1 and data["failed"] == ["run_to_run"]
 
 
+def test_ctrl_c_exits_130_and_keeps_the_finished_units_as_a_probe_does(capsys, tmp_path: Path, monkeypatch) -> None:
+    from flakecheck.probe.conformance import check
+
+    original = check.run_unit
+
+    async def interrupt_at_arrival_middle(client, options, unit, vocab):
+        if unit.name == "arrival.middle":
+            raise KeyboardInterrupt
+        return await original(client, options, unit, vocab)
+
+    monkeypatch.setattr(check, "run_unit", interrupt_at_arrival_middle)
+    out = tmp_path / "c"
+    small = [a for k, v in SMALL.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    with ThreadedServer(make_breaking_app(Breaks(None))) as server:
+        code, _, err = run_cli(capsys, "conformance", "--endpoint", server.url, "--out", out, "--quiet", *small)
+    assert code == 130, err
+    assert "interrupted" in err and "--resume" in err
+    saved = {p.name for p in (out / "partial").glob("unit.*.json")}
+    assert {"unit.reference.json", "unit.arrival.first.json"} <= saved and "unit.arrival.middle.json" not in saved
+    assert not (out / "conformance.json").exists()
+
+
 def test_a_failed_request_keeps_finished_units_and_resume_sends_only_the_rest(tmp_path: Path,
                                                                               monkeypatch) -> None:
     out = tmp_path / "c"
@@ -148,3 +170,20 @@ def test_the_suites_cases_are_targets_too(tmp_path: Path) -> None:
     assert code == 0 and data["targets"][-2:] == ["chat-1", "raw-1"]
     compared = {c["target"] for axis in data["axes"] for lv in axis["levels"] for c in lv["comparisons"]}
     assert {"chat-1", "raw-1"} <= compared
+
+
+def test_the_command_lines_defaults_are_the_settings_defaults() -> None:
+    import dataclasses
+
+    import typer.main
+
+    from flakecheck.cli import app
+
+    command = typer.main.get_command(app).commands["conformance"]  # type: ignore[attr-defined]
+    defaults = {f.name: f.default for f in dataclasses.fields(ConformanceConfig)
+                if f.default is not dataclasses.MISSING}
+    compared = [p.name for p in command.params if p.name in defaults]
+    assert {"max_tokens", "targets", "max_batch", "burst", "chunk_budget", "seed", "retries"} <= set(compared)
+    for param in command.params:
+        if param.name in defaults:
+            assert param.default == defaults[param.name], param.name

@@ -12,6 +12,7 @@ import pytest
 from flakecheck.errors import UserError
 from flakecheck.probe import ProbeConfig, probe_suite
 from flakecheck.probe.conformance import ConformanceConfig, conformance_check
+from flakecheck.probe.conformance.noise import LevelNoise, ServerNoise
 from flakecheck.reports.flip_view import prediction_note
 from tests.conformance_fakes import Breaks, make_breaking_app
 from tests.probe_fakes import ThreadedServer
@@ -48,10 +49,25 @@ def test_a_server_whose_numbers_move_under_load_is_predicted_to_flip_under_that_
     breaks = Breaks("co_resident", flip_at=4, logprobs_only=True)
     predicted, flip = _profile_and_serial_probe(breaks, tmp_path / "a", suite)
     assert any(p > 0 for p in predicted) and all(0 <= p < 1 for p in predicted)
-    assert {"co_resident.n4", "co_resident.n8"} <= set(flip["noise_source"]["levels"])
+    assert flip["noise_source"]["levels"] == ["co_resident.n8"]  # no load given: the largest measured
     light, flip = _profile_and_serial_probe(breaks, tmp_path / "b", suite, noise_in_flight=2)
     assert light == [0.0] * 8  # up to 2 in flight this server moved nothing
     assert flip["noise_source"]["in_flight"] == 2
+
+
+def test_a_load_is_predicted_from_the_level_measured_at_that_load_not_a_pool_diluted_by_serial_zeros() -> None:
+    levels = (LevelNoise("run_to_run", "serial", 1, (0.0,) * 90),
+              LevelNoise("co_resident", "n2", 2, (0.0,) * 30),
+              LevelNoise("co_resident", "n8", 8, (0.0,) * 2 + (0.125,) * 8),
+              LevelNoise("arrival", "middle", 8, (0.0,) * 10),
+              LevelNoise("prefix_cache", "warm", 1, (0.0,) * 10))
+    noise = ServerNoise("logprob", "bfloat16", levels)
+    assert noise.model(8).changed == 0.8  # the 8-in-flight draws' own noise, whatever else the check sent
+    assert noise.model(12).shifts == noise.model(8).shifts  # the largest size measured under the load
+    assert noise.model(4).changed == 0.0 and noise.model(1).changed == 0.0
+    assert noise.model(None).changed == 0.8
+    assert noise.model(8, prefix=True).changed == 0.4  # the probe's prefix level: its warm shifts join
+    assert [f"{lv.axis}.{lv.level}" for lv in noise.used_levels(3, False)] == ["co_resident.n2"]
 
 
 def test_a_bad_noise_directory_is_refused_before_anything_is_written(tmp_path: Path, suite: Path) -> None:

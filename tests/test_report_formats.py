@@ -69,8 +69,30 @@ def test_a_simulations_report_says_its_predictions_describe_its_profile_not_the_
     markdown = capsys.readouterr().out
     assert report_command(copied_run, format="terminal", html=None, top=10) == 0
     terminal = capsys.readouterr().out
-    for text in (markdown, " ".join(terminal.split())):
+    html_path = copied_run.parent / "report.html"
+    assert report_command(copied_run, format="terminal", html=html_path, top=10) == 0
+    html = " ".join(html_path.read_text().split())
+    for text in (markdown, " ".join(terminal.split()), html):
         assert f"describe the simulated {profile} profile" in text and "not your server" in text
+
+
+def test_the_html_report_says_which_noise_predicted_escaped(copied_run: Path, capsys) -> None:
+    meta_path = copied_run / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["flip"]["noise_source"] = {"source": "server", "endpoint": "http://h/<script>alert(1)</script>",
+                                    "server_version": "1.0 & <b>x</b>", "in_flight": 8, "prefix": False,
+                                    "levels": ["co_resident.n8"], "changed": 0.5}
+    meta_path.write_text(json.dumps(meta))
+    html_path = copied_run.parent / "server.html"
+    assert report_command(copied_run, format="terminal", html=html_path, top=5) == 0
+    capsys.readouterr()
+    html = html_path.read_text()
+    note = html[html.index('id="prediction-note"'):]
+    note = note[:note.index("</p>")]
+    assert "the server's own noise" in note.replace("&#39;", "'") and "8 requests in flight" in note
+    assert "co_resident.n8" in note
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in note and "<script>alert" not in html
+    assert "1.0 &amp; &lt;b&gt;x&lt;/b&gt;" in note
 
 
 def test_report_writes_html_from_the_copy(copied_run: Path, tmp_path: Path, capsys) -> None:

@@ -125,7 +125,7 @@ def probe_cli(
     noise: Path | None = typer.Option(None, help="a `flakecheck conformance` directory: predict each case's flip "
                                       "probability from that server's measured noise (one serial pass is enough)"),
     noise_in_flight: int | None = typer.Option(None, help="--noise: the requests in flight to predict for "
-                                               "(default: this probe's highest level; a serial probe: every level "
+                                               "(default: this probe's highest level; a serial probe: the largest load "
                                                "the profile measured)"),
 ) -> None:
     from flakecheck.cli.probe import probe_from_cli
@@ -158,7 +158,7 @@ def conformance_cli(
     targets: int = typer.Option(4, help="generated target prompts (seeded: two servers get the same requests)"),
     suite: Path | None = typer.Option(None, help="also use this suite's cases as targets"),
     limit: int | None = typer.Option(None, help="--suite: only its first N cases"),
-    max_tokens: int = typer.Option(24, help="tokens per target answer"),
+    max_tokens: int = typer.Option(16, help="tokens per target answer"),
     burst: int = typer.Option(8, help="requests in flight in the arrival-position bursts"),
     chunk_budget: int = typer.Option(512, help="the server's prefill chunk budget in tokens (vLLM's "
                                      "--max-num-batched-tokens); the chunked-prefill prompt is longer"),

@@ -34,7 +34,7 @@ REFERENCE_HELP = "the reference log: its composition name or path (default: the 
 NAMES_HELP = "composition names, one per log, comma-separated (default c<connections>, else the file names)"
 NOISE_HELP = ("a `flakecheck conformance` directory of the server the logs came from: predict each case's flip "
               "probability from its measured noise (one log is then enough for --out)")
-NOISE_IN_FLIGHT_HELP = "--noise: the requests in flight to predict for (default: every level the profile measured)"
+NOISE_IN_FLIGHT_HELP = "--noise: the requests in flight to predict for (default: the largest load the profile measured)"
 
 
 @import_app.command("inspect", help="inspect_ai logs (.eval or .json) -> a suite and/or a run directory.\n\n"

@@ -142,7 +142,7 @@ def write_import_run(plan: ImportPlan, mapping: ScorerMapping, out: Path, *, sui
                      reader: str, noise: ServerNoise | None = None, noise_in_flight: int | None = None) -> RunData:
     """Write the run directory (and the suite, when asked) and return the run loaded from `out`. `noise`: a
     server's measured profile the predicted flip probabilities come from (what one log alone can have), for
-    a load of at most `noise_in_flight` requests in flight (None: every level it measured)."""
+    a load of at most `noise_in_flight` requests in flight (None: the largest load it measured)."""
     check_out(out)
     ref = plan.logs[0]
     lines = [case_line(ref, per_log[0], mapping) for per_log in plan.cases.values()]

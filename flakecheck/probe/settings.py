@@ -97,7 +97,7 @@ class ProbeConfig:
 
     def prediction_load(self) -> int | None:
         """Requests in flight the predictions are for: --noise-in-flight, else the probe's highest level (its
-        concurrency and its fillers), else (a serial probe) every level the profile measured (None)."""
+        concurrency and its fillers), else (a serial probe) the largest load the profile measured (None)."""
         if self.noise_in_flight is not None:
             return self.noise_in_flight
         highest = max(self.concurrency)

@@ -81,11 +81,11 @@ def prediction_note(block: dict[str, Any] | None) -> str | None:
     kind = source.get("source")
     if kind == "server":
         levels = source.get("levels") or []
-        load = "every level it measured" if source.get("in_flight") is None else \
-            f"up to {source['in_flight']} requests in flight"
+        load = "the largest load it measured" if source.get("in_flight") is None else \
+            f"{source['in_flight']} requests in flight"
         return (f"predicted flip probabilities use the server's own noise: the conformance profile of "
                 f"{source.get('endpoint') or 'the server'} (version {source.get('server_version') or 'unknown'}), "
-                f"{load}: {len(levels)} levels, {measured}")
+                f"for {load} ({', '.join(str(lv) for lv in levels) or 'no level'}): {measured}")
     if kind == "simulation":
         return (f"predicted flip probabilities describe the simulated {source.get('profile')} profile "
                 f"({source.get('policy')} kernels, {measured}), not your server: measure the server with "

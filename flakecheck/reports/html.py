@@ -42,7 +42,7 @@ from flakecheck.reports.facts import (
     score_range,
     suite_cases,
 )
-from flakecheck.reports.flip_view import fmt_observed, fmt_predicted
+from flakecheck.reports.flip_view import fmt_observed, fmt_predicted, prediction_note
 from flakecheck.reports.plots import plots
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -125,6 +125,7 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
         score_range=score_range(facts.score), flip_summary=flip_summary(facts), confident_note=CONFIDENT_NOTE,
         explained=explanation(run), mechanism_counts=mechanism_counts, fmt_cost=fmt_cost, stabilised=stabilised,
         flip=facts.flip, fmt_observed=fmt_observed, fmt_predicted=fmt_predicted,
+        prediction_note=prediction_note(facts.record.flip),  # which noise predicted: the server's or a profile's
     )
 
 

@@ -5,8 +5,14 @@
     result.exit_code   # 1 when an expected axis does not hold
 """
 
-from flakecheck.probe.conformance.check import ConformanceFailed, ConformanceResult, conformance_check
+from flakecheck.probe.conformance.check import (
+    ConformanceFailed,
+    ConformanceInterrupted,
+    ConformanceResult,
+    conformance_check,
+)
 from flakecheck.probe.conformance.noise import ServerNoise
 from flakecheck.probe.conformance.settings import ConformanceConfig
 
-__all__ = ["ConformanceConfig", "ConformanceFailed", "ConformanceResult", "ServerNoise", "conformance_check"]
+__all__ = ["ConformanceConfig", "ConformanceFailed", "ConformanceInterrupted", "ConformanceResult", "ServerNoise",
+           "conformance_check"]

@@ -48,7 +48,12 @@ EXPECTED_AXES = {"invariant": AXES, "serial": ("run_to_run",)}
 
 
 class ConformanceFailed(UserError):
-    """A request failed for good, or Ctrl-C: the finished units are kept; the message says how to resume."""
+    """A request failed for good: the finished units are kept; the message says how to resume."""
+
+
+class ConformanceInterrupted(Exception):
+    """Ctrl-C: the finished units are kept; the message says how to resume. Not a UserError: the command line
+    exits 130 for it, as it does for an interrupted probe."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ def conformance_check(config: ConformanceConfig, *, resume: bool = False,
         for unit in axis_units(check.workload, check.targets, config.sizes, config.burst, texts):
             results[unit.name] = (unit, _unit(check, unit, vocab, client_factory, on_unit))
     except KeyboardInterrupt:
-        raise ConformanceFailed(_saved(check, "interrupted")) from None
+        raise ConformanceInterrupted(_saved(check, "interrupted")) from None
     except UnitFailed as exc:
         raise ConformanceFailed(f"{exc}. {_saved(check, 'stopped')}") from None
     return _finish(check, results, vocab, time.perf_counter() - started)

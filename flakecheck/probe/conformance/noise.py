@@ -3,13 +3,22 @@
 A shift is the change of a top-1/top-2 logprob gap between a target's baseline answer and its answer on one
 level of one axis, at a step where both still read the same context and rank the same two tokens first (the
 noise flakecheck.analysis.flip.predict measures on a run). Kept in `noise.json` in the conformance
-directory, every shift (not a summary), so a prediction can pool exactly the axes a load exercises:
+directory, every shift (not a summary), per level.
 
-- a probe's load levels keep requests in flight: run to run, co-resident sequences up to the largest number
-  in flight, arrival position and chunked prefill when their bursts fit under that number;
-- its prefix level adds the prefix cache.
+A prediction is for the draws of one load, and a draw runs at one load: its answer differs from the serial
+reference by the shifts of that load, at every step. So the noise a prediction uses is the level measured at
+that load against the serial reference, not a pool of every level up to it:
 
-A server whose shifts are all 0 on those axes flips nothing there: every case is predicted 0.
+- n requests in flight (n > 1): the co-resident level of the largest size measured that is at most n (the
+  same requests among others in flight, against the serial reference: run-to-run noise included);
+- 1 in flight (a serial repeat): run to run;
+- no load given: the largest co-resident level measured;
+- with the prefix level, the warm prefix-cache levels' shifts are added to that pool.
+
+Pooling the levels up to a load would mix each serial level's zeros into every step of a loaded draw, and so
+dilute a loaded server's noise by however many serial units the check happened to send. The arrival-position
+levels are left out: their shifts are measured against another loaded answer, not against the reference.
+A server whose shifts are all 0 at a load flips nothing there: every case is predicted 0.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
 
 NOISE_FILE = "noise.json"
-LOAD_AXES = ("run_to_run", "co_resident", "arrival", "chunked_prefill")  # what requests in flight exercise
+WARM_PREFIX = ("warm", "warm_unsalted")  # the prefix-cache levels a probe's prefix level reproduces
 
 
 @dataclass(frozen=True)
@@ -59,15 +68,22 @@ class ServerNoise:
         return cls(unit, name, tuple(levels), endpoint, server_version)
 
     def model(self, in_flight: int | None = None, prefix: bool = False) -> NoiseModel:
-        """Every shift of the axes a load with at most `in_flight` requests in flight exercises (None: every
-        level measured), and the prefix cache's with `prefix`."""
-        axes = (*LOAD_AXES, "prefix_cache") if prefix else LOAD_AXES
-        shifts = [s for lv in self.used_levels(in_flight, prefix) if lv.axis in axes for s in lv.shifts]
+        """The shifts a draw at `in_flight` requests in flight shows against the serial reference (None: the
+        largest load measured), and the warm prefix cache's with `prefix`."""
+        shifts = [s for lv in self.used_levels(in_flight, prefix) for s in lv.shifts]
         return NoiseModel(self.unit, self.dtype, tuple(sorted(shifts)))
 
     def used_levels(self, in_flight: int | None, prefix: bool) -> list[LevelNoise]:
-        axes = (*LOAD_AXES, "prefix_cache") if prefix else LOAD_AXES
-        return [lv for lv in self.levels if lv.axis in axes and (in_flight is None or lv.in_flight <= in_flight)]
+        loaded = [lv for lv in self.levels
+                  if lv.axis == "co_resident" and (in_flight is None or lv.in_flight <= in_flight)]
+        if loaded and (in_flight is None or in_flight > 1):
+            top = max(lv.in_flight for lv in loaded)
+            used = [lv for lv in loaded if lv.in_flight == top]
+        else:
+            used = [lv for lv in self.levels if lv.axis == "run_to_run"]
+        if prefix:
+            used += [lv for lv in self.levels if lv.axis == "prefix_cache" and lv.level in WARM_PREFIX]
+        return used
 
     def describe(self, in_flight: int | None, prefix: bool) -> dict[str, Any]:
         """What a prediction records about the noise it used."""

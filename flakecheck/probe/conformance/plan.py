@@ -36,7 +36,7 @@ STAGGER_S = 0.3  # the chunked-prefill target leaves this long after the decoder
 # Requests of a burst that must reach the server in order leave this far apart: far enough that they arrive in
 # that order (the arrival-position axis depends on it), close enough that they are all in flight together.
 GAP_S = 0.02
-ARRIVAL_TARGETS = 3  # targets sent at each arrival position (three bursts each: the axis's cost)
+ARRIVAL_TARGETS = 2  # targets sent at each arrival position (a burst each: the axis's cost, 3 positions x this)
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,8 @@ def axis_units(workload: Workload, targets: list[Prompt], sizes: tuple[int, ...]
     decoder = fillers[0]
     name = "chunked_prefill.long"
     units.append(Unit("chunked_prefill", "long", 2, (
-        (Request(decoder.name, decoder, _salt(name, decoder.name), target=False, max_tokens=4 * long.max_tokens),
+        # twice the target's tokens: still decoding through the long prompt's prefill chunks, which start 0.3 s in
+        (Request(decoder.name, decoder, _salt(name, decoder.name), target=False, max_tokens=2 * long.max_tokens),
          Request(long.name, long, _salt(name, long.name), delay_s=STAGGER_S)),)))
     units.append(_serial("request_shape", "max_tokens", targets, max_tokens=max(1, workload.max_tokens // 2))
                  .with_compare("prefix"))
