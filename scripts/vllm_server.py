@@ -177,13 +177,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", type=Path, default=DEFAULT_PYTHON, help="the vLLM venv's python")
     parser.add_argument("--served-name", default=SERVED_NAME)
     parser.add_argument("--timeout", type=float, default=DEFAULT_START_TIMEOUT, help="seconds to wait for start-up")
+    parser.add_argument("--vllm-arg", action="append", default=[],
+                        help="one more argument for vLLM's server, e.g. --vllm-arg=--tensor-parallel-size=3")
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     started = time.monotonic()
     try:
         with running(args.model, args.log, python=args.python, served_name=args.served_name,
-                     timeout=args.timeout) as server:
+                     timeout=args.timeout, extra=args.vllm_arg) as server:
             print(f"vLLM ready at {server.url} (model {server.model}) after {time.monotonic() - started:.0f} s; "
                   f"log {server.log}", file=sys.stderr, flush=True)
             if not command:
