@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from flakecheck.engine.model_config import ModelConfig
 from flakecheck.errors import ModelError
@@ -184,8 +185,6 @@ GIB = 1 << 30
 
 def weight_bytes(path: Path, dtype: torch.dtype) -> int:
     """What the checkpoint's tensors take in `dtype`, read from the safetensors headers (no tensor is read)."""
-    from safetensors import safe_open
-
     size = torch.empty(0, dtype=dtype).element_size()
     total = 0
     for file in sorted(path.glob("*.safetensors")):
