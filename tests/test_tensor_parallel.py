@@ -24,6 +24,7 @@ from flakecheck.kernels.layout import ShardOrder
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.kernels.tensor_parallel import ShardedDims, all_reduce, check_size, qkv_columns, resolve_allreduce
 from flakecheck.reports.facts import gather, next_command
+from flakecheck.reports.html import render_html
 from flakecheck.reports.markdown import render_markdown
 from flakecheck.run.settings import RunConfig
 from tests.test_run import cli_run
@@ -209,6 +210,8 @@ def test_invariant_kernels_are_bitwise_across_batches_at_each_tp_size_but_not_ac
     assert diverged and facts.tp_only_flips == diverged
     markdown = render_markdown(run)
     assert f"TP-only flips ({len(diverged)})" in markdown and "tp4-b4 (tp 4, auto)" in markdown
+    html = render_html(run)
+    assert f"{len(diverged)} TP-only flip" in html and "tp4-b4 (tp 4, auto)" in html
     assert "--kernels tp-invariant" in next_command(facts)[1]  # fixed-order kernels would not hold them
     meta = json.loads((run.path / "meta.json").read_text())
     assert {(c["name"], c["tp"], c["allreduce"]) for c in meta["compositions"]} >= {("tp2-c7", 2, "auto")}

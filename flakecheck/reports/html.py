@@ -29,6 +29,7 @@ from flakecheck.reports.explanation import explanation, fmt_cost, mechanism_coun
 from flakecheck.reports.facts import (
     CONFIDENT_NOTE,
     DIVERGED,
+    TP_ONLY_NOTE,
     RunFacts,
     clean,
     empty_answer_warning,
@@ -126,6 +127,7 @@ def render_html(run: RunData, limits: HtmlLimits = HtmlLimits()) -> str:
         explained=explanation(run), mechanism_counts=mechanism_counts, fmt_cost=fmt_cost, stabilised=stabilised,
         flip=facts.flip, fmt_observed=fmt_observed, fmt_predicted=fmt_predicted,
         prediction_note=prediction_note(facts.record.flip),  # which noise predicted: the server's or a profile's
+        tp_only_note=TP_ONLY_NOTE,
     )
 
 
