@@ -172,3 +172,16 @@ class ServerClient:
         """An httpx error in a few words, e.g. 'ConnectError: [Errno 111] Connection refused'."""
         text = str(exc) or "no detail"
         return self.scrub(f"{type(exc).__name__}: {text}")
+
+
+def with_client(endpoint: Endpoint, api_key: str | None, *, timeout_s: float, retries: int, connections: int,
+                client_factory: Callable[..., ServerClient], work: Callable[[ServerClient], Awaitable[T]]) -> T:
+    """Run `work` with a fresh client in its own event loop (one per level or unit: Ctrl-C ends it cleanly)."""
+    policy = RetryPolicy(attempts=retries + 1)
+
+    async def main() -> T:
+        async with client_factory(endpoint, api_key, timeout_s=timeout_s, policy=policy,
+                                  max_connections=connections, rng=random.Random()) as client:
+            return await work(client)
+
+    return asyncio.run(main())

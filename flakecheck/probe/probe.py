@@ -8,9 +8,7 @@ finished levels kept, and the message names the failed cases (see flakecheck.pro
 
 from __future__ import annotations
 
-import asyncio
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,13 +22,12 @@ from flakecheck.data.suite import Suite, load_suite
 from flakecheck.data.traces import Trace, run_label
 from flakecheck.errors import UserError
 from flakecheck.probe.bodies import CasePrompt, case_prompts
-from flakecheck.probe.client import ClientStats, ServerClient
+from flakecheck.probe.client import ClientStats, ServerClient, with_client
 from flakecheck.probe.conformance.noise import ServerNoise
 from flakecheck.probe.detokenize import fill_token_texts
 from flakecheck.probe.discover import ServerInfo, check_prompts, discover
 from flakecheck.probe.endpoint import Endpoint
 from flakecheck.probe.levels import REFERENCE, LoadLevel, make_levels
-from flakecheck.probe.retries import RetryPolicy
 from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
 from flakecheck.probe.settings import ProbeConfig
 from flakecheck.probe.store import ProbeStore
@@ -143,17 +140,9 @@ def _fingerprint(config: ProbeConfig, suite: Suite, cases: list[CasePrompt], lev
 
 
 def _with_client(config: ProbeConfig, endpoint: Endpoint, api_key: str | None, connections: int,
-                 client_factory: Callable[..., ServerClient],
-                 work: Callable[[ServerClient], Awaitable[T]]) -> T:
-    """Run `work` with a fresh client in its own event loop (one per level: Ctrl-C ends it cleanly)."""
-    policy = RetryPolicy(attempts=config.retries + 1)
-
-    async def main() -> T:
-        async with client_factory(endpoint, api_key, timeout_s=config.timeout, policy=policy,
-                                  max_connections=connections, rng=random.Random()) as client:
-            return await work(client)
-
-    return asyncio.run(main())
+                 client_factory: Callable[..., ServerClient], work: Callable[[ServerClient], Awaitable[T]]) -> T:
+    return with_client(endpoint, api_key, timeout_s=config.timeout, retries=config.retries, connections=connections,
+                       client_factory=client_factory, work=work)
 
 
 @dataclass

@@ -9,10 +9,8 @@ environment only, sent only in the Authorization header, and never written.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ from flakecheck.data.suite import load_suite
 from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
 from flakecheck.probe.bodies import CasePrompt, case_prompts
-from flakecheck.probe.client import ServerClient
+from flakecheck.probe.client import ServerClient, with_client
 from flakecheck.probe.conformance.markdown import conformance_markdown
 from flakecheck.probe.conformance.noise import NOISE_FILE, ServerNoise
 from flakecheck.probe.conformance.plan import AXES, REFERENCE, Unit, axis_units, reference_unit
@@ -163,14 +161,8 @@ async def _model_card(client: ServerClient, model: str) -> dict[str, Any] | None
 
 def _with_client(config: ConformanceConfig, endpoint: Endpoint, api_key: str | None, connections: int,
                  client_factory: Callable[..., ServerClient], work: Callable[[ServerClient], Awaitable[T]]) -> T:
-    policy = RetryPolicy(attempts=config.retries + 1)
-
-    async def main() -> T:
-        async with client_factory(endpoint, api_key, timeout_s=config.timeout, policy=policy,
-                                  max_connections=connections, rng=random.Random()) as client:
-            return await work(client)
-
-    return asyncio.run(main())
+    return with_client(endpoint, api_key, timeout_s=config.timeout, retries=config.retries, connections=connections,
+                       client_factory=client_factory, work=work)
 
 
 def _load_vocab(directory: RunDirectory) -> Vocab:
