@@ -133,6 +133,7 @@ class _Context:
     make_ops: Callable[[KernelPaths], Any]
     device: torch.device = torch.device("cpu")  # where the probes' tensors are made and the kernels run
     kv_probe: dict[str, int] = field(default_factory=dict)  # the attention probe's size, when not the default
+    backend: str = "torch"  # torch (the twins, with their CPU paths) or triton (one kernel a primitive)
     gen: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     _data: dict[str, Any] = field(default_factory=dict)
 
@@ -162,7 +163,7 @@ def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: s
 
     interpreted = backend == "triton" and not device.startswith("cuda")
     result = run_checks(_Context(policy, dims, dtype, get_profile(profile).sms, make_ops, torch.device(device),
-                                 INTERPRETED_KV_PROBE if interpreted else {}), fingerprint)
+                                 INTERPRETED_KV_PROBE if interpreted else {}, backend), fingerprint)
     if use_cache:
         _store(path, result)
     return result
@@ -234,7 +235,7 @@ def _checks_by_primitive(ctx: _Context) -> dict[str, Check]:
     """The primitives the policy relies on, each with the probes that must pass on a path."""
     policy, checks = ctx.policy, {}
     if policy.matmul == "invariant":
-        if ctx.dtype != torch.float32:
+        if ctx.dtype != torch.float32 and ctx.backend == "torch":  # FBGEMM's path is the twins' alone
             checks["fbgemm"] = lambda ops, path: _matmul_checks(ctx, ops, "fbgemm", path, {FIXED})
         checks["fixed_matmul"] = lambda ops, path: _matmul_checks(ctx, ops, "fixed_matmul", path, {FIXED},
                                                                     fp32_path=True)
