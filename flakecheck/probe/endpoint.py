@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -53,3 +54,13 @@ def redact(url: str) -> str:
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
     except ValueError:
         return url
+
+
+def api_key_from_env(variable: str | None) -> str | None:
+    """The API key in `variable` (--api-key-env), None without one; UserError when it is unset or empty."""
+    if variable is None:
+        return None
+    value = os.environ.get(variable)
+    if not value:
+        raise UserError(f"--api-key-env {variable}: that environment variable is not set or empty")
+    return value

@@ -8,7 +8,6 @@ finished levels kept, and the message names the failed cases (see flakecheck.pro
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from flakecheck.probe.client import ClientStats, ServerClient, with_client
 from flakecheck.probe.conformance.noise import ServerNoise
 from flakecheck.probe.detokenize import fill_token_texts
 from flakecheck.probe.discover import ServerInfo, check_prompts, discover
-from flakecheck.probe.endpoint import Endpoint
+from flakecheck.probe.endpoint import Endpoint, api_key_from_env
 from flakecheck.probe.levels import REFERENCE, LoadLevel, make_levels
 from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
 from flakecheck.probe.settings import ProbeConfig
@@ -95,7 +94,7 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
         raise UserError("--resume needs --out DIR (the interrupted run directory)")  # before asking the server
     suite = load_suite(config.suite).select(list(config.ids) or None, config.limit)
     noise = ServerNoise.load(config.noise) if config.noise is not None else None
-    api_key = _api_key(config.api_key_env)
+    api_key = api_key_from_env(config.api_key_env)
     endpoint = Endpoint.parse(config.endpoint)
     cases, applied = case_prompts(suite, config.api, config.max_tokens)
     levels = make_levels(list(config.concurrency), config.fillers, config.prefix)
@@ -116,15 +115,6 @@ def _noise(probe: _Probe) -> dict[str, Any]:
         return {}
     load, prefix = probe.config.prediction_load(), probe.config.prefix
     return {"noise": probe.noise.model(load, prefix), "noise_source": probe.noise.describe(load, prefix)}
-
-
-def _api_key(variable: str | None) -> str | None:
-    if variable is None:
-        return None
-    value = os.environ.get(variable)
-    if not value:
-        raise UserError(f"--api-key-env {variable}: that environment variable is not set or empty")
-    return value
 
 
 def _fingerprint(config: ProbeConfig, suite: Suite, cases: list[CasePrompt], levels: list[LoadLevel],

@@ -10,18 +10,23 @@ environment only, sent only in the Authorization header, and never written.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from flakecheck.data.record import now
-from flakecheck.data.rundir import TRACE_SCHEMA, RunDirectory, atomic_write_text, write_json, write_table
+from flakecheck.data.rundir import (
+    TRACE_SCHEMA,
+    RunDirectory,
+    atomic_write_text,
+    default_run_dir,
+    write_json,
+    write_table,
+)
 from flakecheck.data.suite import load_suite
 from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
@@ -35,7 +40,7 @@ from flakecheck.probe.conformance.settings import ConformanceConfig
 from flakecheck.probe.conformance.verdict import HOLDS, UNSUPPORTED, LevelReading, read_axes, read_level
 from flakecheck.probe.conformance.workload import Prompt, Workload
 from flakecheck.probe.discover import ServerInfo, discover
-from flakecheck.probe.endpoint import Endpoint
+from flakecheck.probe.endpoint import Endpoint, api_key_from_env
 from flakecheck.probe.retries import RetryPolicy
 from flakecheck.probe.vocab import Vocab
 
@@ -101,7 +106,7 @@ def _prepare(config: ConformanceConfig, resume: bool, client_factory: Callable[.
     """Everything checked, the server included, before the first byte is written."""
     if resume and config.out is None:
         raise UserError("--resume needs --out DIR (the interrupted conformance directory)")
-    api_key = _api_key(config.api_key_env)
+    api_key = api_key_from_env(config.api_key_env)
     endpoint = Endpoint.parse(config.endpoint)
     workload = Workload(config.seed, config.api, config.targets, config.max_tokens, config.chunk_budget)
     targets = workload.targets()
@@ -118,32 +123,13 @@ def _prepare(config: ConformanceConfig, resume: bool, client_factory: Callable[.
         return info, await _model_card(client, info.model)
 
     info, card = _with_client(config, endpoint, api_key, 4, client_factory, ask)
-    out = config.out or _default_dir()
+    out = config.out or default_run_dir(Path("conformance"))  # reports/conformance-<UTC time>
     directory = RunDirectory(out)
     directory.begin({"source": "conformance", "endpoint": endpoint.public, "model": info.model,
                      "server_version": info.version, "workload": [config.seed, config.api, config.targets,
                      config.max_tokens, config.chunk_budget, list(config.sizes), config.burst],
                      "suite_sha256": suite_sha}, resume)
     return _Check(config.with_changes(out=out), endpoint, api_key, info, card, workload, targets, directory)
-
-
-def _default_dir() -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = Path("reports") / f"conformance-{stamp}"
-    candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
-
-
-def _api_key(variable: str | None) -> str | None:
-    if variable is None:
-        return None
-    value = os.environ.get(variable)
-    if not value:
-        raise UserError(f"--api-key-env {variable}: that environment variable is not set or empty")
-    return value
 
 
 async def _model_card(client: ServerClient, model: str) -> dict[str, Any] | None:
