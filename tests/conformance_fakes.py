@@ -54,6 +54,7 @@ class Breaks:
     cached: set = field(default_factory=set)
     in_flight: int = 0
     max_in_flight: int = 0
+    max_num_seqs: int | None = None  # reported in the model card (as flakecheck serve does), when given
 
 
 def make_breaking_app(breaks: Breaks, step_delay_s: float = 0.003, window_s: float = 0.12) -> FastAPI:
@@ -62,7 +63,10 @@ def make_breaking_app(breaks: Breaks, step_delay_s: float = 0.003, window_s: flo
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model.model, "object": "model", "root": "fake"}]}
+        card: dict[str, Any] = {"id": model.model, "object": "model", "root": "fake"}
+        if breaks.max_num_seqs is not None:
+            card["flakecheck"] = {"max_num_seqs": breaks.max_num_seqs}
+        return {"object": "list", "data": [card]}
 
     @app.get("/version")
     async def version() -> dict[str, Any]:

@@ -66,6 +66,19 @@ def test_co_resident_names_the_size_where_it_first_breaks(tmp_path: Path) -> Non
     assert [lv["reading"] for lv in axis["levels"]] == ["holds", "breaks", "breaks"]  # n2 n4 n8
 
 
+def test_the_sweep_stops_at_the_sequences_the_server_runs_at_once(tmp_path: Path) -> None:
+    # a server that runs 4 sequences a step: 8 in flight would only queue 4 of them
+    data, _ = _check(Breaks("co_resident", flip_at=4, max_num_seqs=4), tmp_path / "c")
+    axis = next(a for a in data["axes"] if a["axis"] == "co_resident")
+    assert [lv["level"] for lv in axis["levels"]] == ["n2", "n4"] and axis["breaks_at"] == "n4"
+    assert data["sizes"] == [2, 4] and data["sizes_capped_at"] == 4
+    assert "at most 4 sequences a step" in (tmp_path / "c" / "conformance.md").read_text()
+    # a card without the limit (vLLM's) leaves the sweep to --max-batch
+    assert ConformanceConfig("http://127.0.0.1:1", max_batch=64).sizes_for(None) == (2, 4, 8, 16, 32, 64)
+    assert ConformanceConfig("http://127.0.0.1:1", max_batch=64).sizes_for(24) == (2, 4, 8, 16, 24)
+    assert ConformanceConfig("http://127.0.0.1:1", max_batch=8).sizes_for(32) == (2, 4, 8)
+
+
 def test_logprobs_that_move_without_a_token_read_tokens_hold(tmp_path: Path) -> None:
     data, _ = _check(Breaks("co_resident", flip_at=4, logprobs_only=True), tmp_path / "c")
     assert _readings(data)["co_resident"] == "tokens_hold"

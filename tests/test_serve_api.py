@@ -48,6 +48,7 @@ def test_models_lists_the_served_model(client: httpx.Client, invariant_server: S
     assert [m["id"] for m in listing["data"]] == [SERVED_NAME]
     card = listing["data"][0]
     assert card["object"] == "model" and card["max_model_len"] == invariant_server.state.loaded.config.max_context
+    assert card["flakecheck"]["max_num_seqs"] == invariant_server.state.settings.max_num_seqs  # the scheduler's limit
     assert client.get(f"/v1/models/{SERVED_NAME}").json()["id"] == SERVED_NAME
     missing = client.get("/v1/models/gpt-4")
     assert missing.status_code == 404

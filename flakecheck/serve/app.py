@@ -75,4 +75,8 @@ def _model_card(state: ServerState) -> dict[str, Any]:
             "root": state.settings.engine.model, "max_model_len": state.max_context,
             "flakecheck": {"kernels": spec.policy.name, "backend": spec.backend, "profile": spec.profile,
                            "dtype": str(state.loaded.dtype).removeprefix("torch."),
-                           "machine": spec.machine.describe(), "verified": spec.verification.summary()}}
+                           "machine": spec.machine.describe(), "verified": spec.verification.summary(),
+                           # the scheduler's limits: a conformance check reads max_num_seqs (more in flight queue)
+                           "max_num_seqs": state.settings.max_num_seqs,
+                           "max_num_batched_tokens": state.settings.max_num_batched_tokens,
+                           "enable_prefix_caching": state.settings.enable_prefix_caching}}

@@ -80,6 +80,7 @@ class _Check:
     workload: Workload
     targets: list[Prompt]
     directory: RunDirectory
+    sizes: tuple[int, ...]  # the co-resident sweep's sizes, capped at what the server runs at once
 
 
 def conformance_check(config: ConformanceConfig, *, resume: bool = False,
@@ -93,7 +94,7 @@ def conformance_check(config: ConformanceConfig, *, resume: bool = False,
         ref = reference_unit(check.targets, check.workload.long_prompt())
         results[REFERENCE] = (ref, _unit(check, ref, vocab, client_factory, on_unit))
         texts = results[REFERENCE][1].texts
-        for unit in axis_units(check.workload, check.targets, config.sizes, config.burst, texts):
+        for unit in axis_units(check.workload, check.targets, check.sizes, config.burst, texts):
             results[unit.name] = (unit, _unit(check, unit, vocab, client_factory, on_unit))
     except KeyboardInterrupt:
         raise ConformanceInterrupted(_saved(check, "interrupted")) from None
@@ -123,13 +124,24 @@ def _prepare(config: ConformanceConfig, resume: bool, client_factory: Callable[.
         return info, await _model_card(client, info.model)
 
     info, card = _with_client(config, endpoint, api_key, 4, client_factory, ask)
+    sizes = config.sizes_for(server_max_num_seqs(card))
     out = config.out or default_run_dir(Path("conformance"))  # reports/conformance-<UTC time>
     directory = RunDirectory(out)
     directory.begin({"source": "conformance", "endpoint": endpoint.public, "model": info.model,
                      "server_version": info.version, "workload": [config.seed, config.api, config.targets,
-                     config.max_tokens, config.chunk_budget, list(config.sizes), config.burst],
+                     config.max_tokens, config.chunk_budget, list(sizes), config.burst],
                      "suite_sha256": suite_sha}, resume)
-    return _Check(config.with_changes(out=out), endpoint, api_key, info, card, workload, targets, directory)
+    return _Check(config.with_changes(out=out), endpoint, api_key, info, card, workload, targets, directory, sizes)
+
+
+def server_max_num_seqs(card: dict[str, Any] | None) -> int | None:
+    """The most sequences the server runs in one step, where its model card says (flakecheck serve does; vLLM's
+    card does not, so its sweep goes to --max-batch)."""
+    for where in (card or {}, (card or {}).get("flakecheck") or {}):
+        value = where.get("max_num_seqs") if isinstance(where, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+    return None
 
 
 async def _model_card(client: ServerClient, model: str) -> dict[str, Any] | None:
@@ -214,7 +226,8 @@ def _finish(check: _Check, results: dict[str, tuple[Unit, UnitResult]], vocab: V
         "server": {"endpoint": check.endpoint.public, "model": info.model, "version": info.version,
                    "system_fingerprints": fingerprints, "model_card": check.model_card,
                    "token_ids": info.token_ids},
-        "dtype": config.dtype, "sizes": list(config.sizes),
+        "dtype": config.dtype, "sizes": list(check.sizes),
+        "sizes_capped_at": max(check.sizes) if max(check.sizes) < config.max_batch else None,
         "targets": [t.name for t in check.targets],
         "requests": sum(len(b) for unit, _ in results.values() for b in unit.bursts),
         "fillers_failed": sum(r.fillers_failed for _, r in results.values()),

@@ -49,6 +49,8 @@ def conformance_markdown(data: dict[str, Any]) -> str:
         f"`{_cell(', '.join(server['system_fingerprints']) or 'none')}`", "",
         "| axis | reading | levels | detail |", "|---|---|---|---|",
     ]
+    if data.get("sizes_capped_at"):
+        lines[4:4] = [_capped(data), ""]
     for axis in data["axes"]:
         detail = axis_detail(axis) + (f" — {axis['note']}" if axis.get("note") else "")
         reading = READING_TEXT[axis["reading"]]
@@ -66,6 +68,8 @@ def conformance_lines(data: dict[str, Any]) -> list[str]:
     """The terminal summary: one line per axis, then the expectation."""
     lines = [f"{AXIS_TITLES[a['axis']]:<22} {READING_TEXT[a['reading']]:<13} {axis_detail(a)}"
              + (f" — {a['note']}" if a.get("note") else "") for a in data["axes"]]
+    if data.get("sizes_capped_at"):
+        lines.append(_capped(data))
     if data.get("expect"):
         if data["failed"]:
             lines.append(f"expected {data['expect']}: FAILED — "
@@ -79,3 +83,9 @@ def _reading_of(data: dict[str, Any], name: str) -> str:
     axis = next(a for a in data["axes"] if a["axis"] == name)
     where = f" at {axis['breaks_at']}" if axis.get("breaks_at") else ""
     return f"{READING_TEXT[axis['reading']]}{where}"
+
+
+def _capped(data: dict[str, Any]) -> str:
+    cap = data["sizes_capped_at"]
+    return (f"Co-resident sizes up to {cap}: the server runs at most {cap} sequences a step (its max_num_seqs), "
+            f"so more in flight would wait in its queue, not share its steps.")

@@ -75,6 +75,13 @@ class ConformanceConfig:
     def sizes(self) -> tuple[int, ...]:
         return batch_sizes(self.max_batch)
 
+    def sizes_for(self, max_num_seqs: int | None) -> tuple[int, ...]:
+        """The sweep's sizes against a server that runs at most `max_num_seqs` sequences a step: no size above
+        it (the requests past it wait in the queue; they are not co-resident), and it itself the last."""
+        if max_num_seqs is None or max_num_seqs >= self.max_batch:
+            return self.sizes
+        return batch_sizes(max(2, max_num_seqs))
+
     def with_changes(self, **changes: Any) -> ConformanceConfig:
         return replace(self, **changes)
 
