@@ -26,13 +26,19 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--cases", type=int, default=24)
     parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument("--with-replacement", action="store_true",
+                        help="draw each case independently, repeats allowed (how suites of seeds 25 and 907 were made)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    lines = []
-    for i in range(args.cases):
-        question = rng.choice(ASKS).format(rng.choice(TOPICS))
-        lines.append(json.dumps({"id": f"open-{i:02d}", "input": [{"role": "user", "content": question}],
-                                 "max_tokens": 32}))
+    if args.with_replacement:
+        questions = [rng.choice(ASKS).format(rng.choice(TOPICS)) for _ in range(args.cases)]
+    else:  # distinct questions: a repeated one would count one answer's flips several times
+        pairs = [(ask, topic) for ask in ASKS for topic in TOPICS]
+        if args.cases > len(pairs):
+            parser.error(f"--cases: at most {len(pairs)} distinct questions")
+        questions = [ask.format(topic) for ask, topic in rng.sample(pairs, args.cases)]
+    lines = [json.dumps({"id": f"open-{i:02d}", "input": [{"role": "user", "content": q}], "max_tokens": 32})
+             for i, q in enumerate(questions)]
     args.out.write_text("\n".join(lines) + "\n")
 
 
