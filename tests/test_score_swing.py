@@ -26,6 +26,9 @@ def test_four_graded_cases_and_one_ungraded() -> None:
     assert s.swing_pp == pytest.approx(50.0)
     assert s.low == ("B", 0.25) and s.high == ("C", 0.75)
     assert swing_sentence(s) == "your reported score can move from 25% to 75% (50.0 pp) from batch composition alone"
+    # compositions that also change the TP size say so
+    tp = score_swing(verdicts, ["A", "B", "C"], cause="batch composition and TP size")
+    assert swing_sentence(tp).endswith("(50.0 pp) from batch composition and TP size alone")
 
 
 def test_opposite_flips_swing_fully_while_every_composition_scores_the_same() -> None:

@@ -212,6 +212,8 @@ def test_invariant_kernels_are_bitwise_across_batches_at_each_tp_size_but_not_ac
     assert f"TP-only flips ({len(diverged)})" in markdown and "tp4-b4 (tp 4, auto)" in markdown
     html = render_html(run)
     assert f"{len(diverged)} TP-only flip" in html and "tp4-b4 (tp 4, auto)" in html
+    assert facts.score.cause == "batch composition and TP size"  # a score swing says the TP size moved it too
+    assert "from batch composition alone" not in markdown + html
     assert "--kernels tp-invariant" in next_command(facts)[1]  # fixed-order kernels would not hold them
     meta = json.loads((run.path / "meta.json").read_text())
     assert {(c["name"], c["tp"], c["allreduce"]) for c in meta["compositions"]} >= {("tp2-c7", 2, "auto")}

@@ -32,6 +32,7 @@ class ScoreSwing:
     per_composition: dict[str, float | None]  # in composition order; None when nothing was graded there
     worst: float | None
     best: float | None
+    cause: str = "batch composition"  # what the compositions change ("batch composition and TP size")
 
     @property
     def swing_pp(self) -> float | None:
@@ -57,7 +58,7 @@ class ScoreSwing:
                 "worst_case": self.worst, "best_case": self.best, "swing_pp": self.swing_pp}
 
 
-def score_swing(verdicts: Verdicts, compositions: Sequence[str]) -> ScoreSwing:
+def score_swing(verdicts: Verdicts, compositions: Sequence[str], cause: str = "batch composition") -> ScoreSwing:
     """The score per composition (in the given order), the worst- and best-case scores and the swing."""
     graded = {case: [v for v in by_comp.values() if v is not None] for case, by_comp in verdicts.items()}
     graded = {case: vs for case, vs in graded.items() if vs}
@@ -67,10 +68,10 @@ def score_swing(verdicts: Verdicts, compositions: Sequence[str]) -> ScoreSwing:
         here = [v for v in here if v is not None]
         per_composition[name] = sum(here) / len(here) if here else None
     if not graded:
-        return ScoreSwing(0, per_composition, None, None)
+        return ScoreSwing(0, per_composition, None, None, cause)
     n = len(graded)
     return ScoreSwing(n, per_composition, sum(all(vs) for vs in graded.values()) / n,
-                      sum(any(vs) for vs in graded.values()) / n)
+                      sum(any(vs) for vs in graded.values()) / n, cause)
 
 
 def swing_sentence(swing: ScoreSwing) -> str:
@@ -80,4 +81,4 @@ def swing_sentence(swing: ScoreSwing) -> str:
     if swing.swing_pp == 0:
         return f"the score is {swing.worst:.0%} under every composition: no swing"
     return (f"your reported score can move from {swing.worst:.0%} to {swing.best:.0%} "
-            f"({swing.swing_pp:.1f} pp) from batch composition alone")
+            f"({swing.swing_pp:.1f} pp) from {swing.cause} alone")

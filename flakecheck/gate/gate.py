@@ -116,7 +116,8 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
     )
     score_std = _score_std(facts, set(active))
     std_fails = max_score_std is not None and score_std is not None and score_std > max_score_std + RATE_EPSILON
-    score = score_swing({c: v for c, v in facts.verdicts.items() if c not in active}, facts.run_labels)
+    score = score_swing({c: v for c, v in facts.verdicts.items() if c not in active}, facts.run_labels,
+                        facts.swing_cause)
     swing_fails = (max_score_swing is not None and score.swing_pp is not None
                    and score.swing_pp > max_score_swing + RATE_EPSILON)
     notes: list[str] = []

@@ -123,7 +123,11 @@ class RunFacts:
 
     @property
     def score(self) -> ScoreSwing:
-        return score_swing(self.verdicts, self.run_labels)
+        return score_swing(self.verdicts, self.run_labels, self.swing_cause)
+
+    @property
+    def swing_cause(self) -> str:
+        return "batch composition and TP size" if self.tensor_parallel else "batch composition"
 
     @property
     def flip(self) -> FlipView | None:
