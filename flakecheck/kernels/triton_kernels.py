@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+MAX_TENSOR_NUMEL = 1 << 20  # Triton's limit on a block's elements
+SPLIT_BLOCK_K = 32  # the split-K kernel's K step: its splits are multiples of it
 
 
 def _num_sms(device: torch.device) -> int:
@@ -39,7 +41,16 @@ def fixed_block_k(k: int) -> int:
     return 64 if k >= 64 else max(16, triton.next_power_of_2(k))
 
 
-def _mn_blocks(m: int) -> tuple[int, int]:
+def _mn_blocks(m: int, n: int, block_k: int) -> tuple[int, int]:
+    """Output tiles: no row's reduction order depends on them (each output sums over K alone)."""
+    if INTERPRET:
+        # The interpreter pays per program and per loop trip in Python, hardly per element: wide tiles (SmolLM2's
+        # LM head in 48 at one row, not 768), within Triton's limit on a block's elements (the fp32 product
+        # block is BLOCK_M x BLOCK_K x BLOCK_N), and 4 or more a matrix, so that the persistent
+        # tile loop still runs more than one where N allows.
+        block_m = min(64, max(16, triton.next_power_of_2(m)))
+        widest = MAX_TENSOR_NUMEL // (block_m * block_k)
+        return block_m, max(16, min(widest, triton.next_power_of_2(n) // 4))
     return (16, 64) if m <= 16 else ((64, 64) if m <= 128 else (128, 128))
 
 
@@ -78,12 +89,13 @@ def matmul_persistent(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     m, k = x.shape
     n = w.shape[0]
     y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
-    block_m, block_n = _mn_blocks(m)
+    block_k = fixed_block_k(k)
+    block_m, block_n = _mn_blocks(m, n, block_k)
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     programs = max(1, min(tiles, _num_sms(x.device)))
     _matmul_persistent_kernel[(programs,)](
         x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=fixed_block_k(k),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         NUM_PROGRAMS=programs, UPCAST=INTERPRET,
     )
     return y
@@ -118,13 +130,13 @@ def matmul_splitk(x: torch.Tensor, w: torch.Tensor, splits: int, bias: torch.Ten
     x, w = _row_major(x), _row_major(w)
     m, k = x.shape
     n = w.shape[0]
-    per_split = math.ceil(math.ceil(k / max(1, splits)) / 32) * 32
+    per_split = math.ceil(math.ceil(k / max(1, splits)) / SPLIT_BLOCK_K) * SPLIT_BLOCK_K
     splits = math.ceil(k / per_split)
-    block_m, block_n = _mn_blocks(m)
+    block_m, block_n = _mn_blocks(m, n, SPLIT_BLOCK_K)
     ws = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), splits)
     _matmul_splitk_kernel[grid](x, w, ws, m, n, k, x.stride(0), w.stride(0), per_split,
-                                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=32, UPCAST=INTERPRET)
+                                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SPLIT_BLOCK_K, UPCAST=INTERPRET)
     acc = ws[0]
     for s in range(1, splits):
         acc = acc + ws[s]

@@ -43,8 +43,11 @@ from flakecheck.machine.probes import BLOCK_ROWS, ProbeDims
 
 # The Triton interpreter (TRITON_INTERPRET=1 on a CPU: a numpy emulation for tests) runs a kernel program by
 # program in Python: the attention probe's 17 sequences of up to 640 keys take minutes there. It gets 6 of up
-# to 320; the probed one (310 keys) still spans two fixed 256-key splits and several of 64.
+# to 320; the probed one (310 keys) still spans two fixed 256-key splits and several of 64. Its row probes
+# take the light schedule (probes.LIGHT_BATCHES) and the LM head's first INTERPRETED_HEAD_COLUMNS columns:
+# with the full ones the self-check of SmolLM2 under splitk ran for more than half an hour.
 INTERPRETED_KV_PROBE = {"slots": 6, "length": 320, "probed": 310}
+INTERPRETED_HEAD_COLUMNS = 1024
 SPLIT_ATTENTION_SIZES = (64, 192, 256, 512)  # keys a split under splitk: one block, odd blocks, the fixed size, long
 MAX_PLAN_ROWS = 2048  # rows of the largest step a plan is made for (the lockstep's pass)
 HEAD_COLUMNS = 16384
@@ -134,6 +137,7 @@ class _Context:
     device: torch.device = torch.device("cpu")  # where the probes' tensors are made and the kernels run
     kv_probe: dict[str, int] = field(default_factory=dict)  # the attention probe's size, when not the default
     backend: str = "torch"  # torch (the twins, with their CPU paths) or triton (one kernel a primitive)
+    interpreted: bool = False  # Triton under its CPU interpreter: the lighter probes above
     gen: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     _data: dict[str, Any] = field(default_factory=dict)
 
@@ -163,7 +167,7 @@ def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: s
 
     interpreted = backend == "triton" and not device.startswith("cuda")
     result = run_checks(_Context(policy, dims, dtype, get_profile(profile).sms, make_ops, torch.device(device),
-                                 INTERPRETED_KV_PROBE if interpreted else {}, backend), fingerprint)
+                                 INTERPRETED_KV_PROBE if interpreted else {}, backend, interpreted), fingerprint)
     if use_cache:
         _store(path, result)
     return result
@@ -264,7 +268,8 @@ def _matmul_checks(ctx: _Context, ops: Any, primitive: str, path: str, orders: s
     head_n, head_k = ctx.dims.lm_head
     # The LM head is probed at up to HEAD_COLUMNS of its columns: a GEMM cuts N into tiles (and threads) of
     # at most a few hundred columns, and what the property is about is each row's reduction over K.
-    for n, k in (*ctx.dims.projections, (min(head_n, HEAD_COLUMNS), head_k)):
+    head_columns = INTERPRETED_HEAD_COLUMNS if ctx.interpreted else HEAD_COLUMNS
+    for n, k in (*ctx.dims.projections, (min(head_n, head_columns), head_k)):
         weight = ctx.data(f"w{n}x{k}", lambda n=n, k=k: probes.packable_weight(ctx.gen, n, k, ctx.dtype,
                                                                                        ctx.device))
         # the copies each path reads, made once for all its orders
@@ -273,7 +278,7 @@ def _matmul_checks(ctx: _Context, ops: Any, primitive: str, path: str, orders: s
                                                                        device=ctx.device))
         for order in sorted(orders) if orders is not None else split_orders(ctx.policy, n, k, ctx.sms):
             found.append(PropertyResult(primitive, path, f"rows {n}x{k} order {order}",
-                                        probes.linear_rows(ops, prepared, order, x)))
+                                        probes.linear_rows(ops, prepared, order, x, ctx.interpreted)))
     return found
 
 
@@ -308,7 +313,7 @@ def _norm_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
                                                                            device=ctx.device))
         for order in _norm_orders(ctx.policy):
             found.append(PropertyResult("norm", path, f"rmsnorm rows {width} order {order}",
-                                        probes.rmsnorm_rows(ops, weight, order, x)))
+                                        probes.rmsnorm_rows(ops, weight, order, x, ctx.interpreted)))
     return found
 
 
@@ -316,5 +321,5 @@ def _softmax_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult]:
     logits = ctx.data("logits", lambda: probes.random(ctx.gen, BLOCK_ROWS, ctx.dims.vocab, dtype=ctx.dtype,
                                                       scale=4.0, device=ctx.device))
     return [PropertyResult("softmax", path, f"log_softmax rows {ctx.dims.vocab} order {order}",
-                           probes.log_softmax_rows(ops, order, logits))
+                           probes.log_softmax_rows(ops, order, logits, ctx.interpreted))
             for order in _norm_orders(ctx.policy, softmax=True)]
