@@ -77,7 +77,8 @@ def prediction_note(block: dict[str, Any] | None) -> str | None:
     if not isinstance(source, dict):
         return None
     noise = (block or {}).get("noise") or {}
-    measured = f"{noise.get('n_shifts', 0)} gap shifts, {_pct(noise.get('changed'))} of them non-zero"
+    moved = _pct(noise.get("changed"))
+    measured = f"{noise.get('n_shifts', 0)} gap shifts, {moved} of them moved (beyond fp32 rounding)"
     kind = source.get("source")
     if kind == "server":
         levels = source.get("levels") or []

@@ -45,8 +45,10 @@ class NoiseModel:
 
     @property
     def changed(self) -> float:
-        """The share of measured steps whose gap moved at all."""
-        return self.exceeding(0.0)
+        """The share of measured steps whose gap moved by more than EQUAL_TOLERANCE: a server's logprobs move by
+        ~1e-7 whenever any other logit of the step moves (the log-softmax's fp32 rounding), which no gap can
+        flip on; those count as unchanged."""
+        return self.exceeding(EQUAL_TOLERANCE[self.unit])
 
     def exceeding(self, gap: float) -> float:
         """P(|shift| > gap)."""

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from flakecheck.analysis.flip.predict import NoiseModel
 from flakecheck.data.record import now
 from flakecheck.data.rundir import (
     TRACE_SCHEMA,
@@ -235,7 +236,8 @@ def _finish(check: _Check, results: dict[str, tuple[Unit, UnitResult]], vocab: V
         "expect": config.expect, "failed": list(failed),
         "axes": [axes[a].to_dict() for a in AXES],
         "noise": {"file": NOISE_FILE, "unit": noise.unit, "dtype": noise.dtype,
-                  "changed": {f"{lv.axis}.{lv.level}": _changed(lv.shifts) for lv in noise.levels}},
+                  "changed": {f"{lv.axis}.{lv.level}": NoiseModel(noise.unit, noise.dtype, lv.shifts).changed
+                              if lv.shifts else None for lv in noise.levels}},
     }
     directory = check.directory
     write_json(directory.path / NOISE_FILE, noise.to_json())
@@ -247,6 +249,3 @@ def _finish(check: _Check, results: dict[str, tuple[Unit, UnitResult]], vocab: V
     directory.finish()
     return ConformanceResult(directory.path, data, failed)
 
-
-def _changed(shifts: tuple[float, ...]) -> float | None:
-    return sum(s > 0 for s in shifts) / len(shifts) if shifts else None
