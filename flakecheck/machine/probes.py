@@ -26,8 +26,8 @@ from flakecheck.kernels.weights import LinearWeights
 BATCHES = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 33)
 BLOCK_ROWS = 40
 # Under the Triton interpreter (numpy, program by program: a second or more a GEMM of SmolLM2's) the rows probe
-# takes fewer batches: one row alone at the block's start, middle and end, and batches of 2, 3, 16 and 33 (a
-# tile of one row, an odd height, a full tile of 16, and past it) — 16 calls, not 66.
+# takes fewer batches: one row alone at the block's start, middle and end, and batches of 2, 3, 16 and 33 (the
+# smallest batch, an odd height, a full tile of 16 rows, and past two tiles) — 15 calls, not 66.
 LIGHT_BATCHES = (1, 2, 3, 16, 33)
 Probe = Callable[[Ops], float]
 
