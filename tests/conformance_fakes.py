@@ -4,8 +4,9 @@ axis is exercised, its near-tie steps flip to their runner-up (or, with `logprob
 a little and no token changes):
 
 - run_to_run: every second time the server sees the same request;
-- co_resident: at least `flip_at` requests in flight when its batching window ends (each request waits
-  `window_s` before its first step, as a server gathers a batch: a burst's requests then all count);
+- co_resident: at least `flip_at` requests in flight when its batch is gathered (each request waits before
+  its first step until `flip_at` are in flight or none has arrived for `window_s`, as a server gathers a
+  batch: a burst's requests then all count);
 - arrival: a request that arrived while `flip_at` or more others were already in flight;
 - prefix_cache: a request whose first words were sent before with the same cache_salt (or both without one);
 - chunked_prefill: a prompt of more than `chunk` words that arrives while another request is in flight;
@@ -54,6 +55,7 @@ class Breaks:
     cached: set = field(default_factory=set)
     in_flight: int = 0
     max_in_flight: int = 0
+    last_arrival: float = 0.0  # the event loop's time when the latest request arrived
     max_num_seqs: int | None = None  # reported in the model card (as flakecheck serve does), when given
 
 
@@ -91,6 +93,7 @@ def make_breaking_app(breaks: Breaks, step_delay_s: float = 0.003, window_s: flo
         hit = prefix_key in breaks.cached
         breaks.cached.add(prefix_key)
         breaks.in_flight += 1
+        breaks.last_arrival = asyncio.get_running_loop().time()
         breaks.max_in_flight = max(breaks.max_in_flight, breaks.in_flight)
         axis = breaks.axis
         fixed = (axis == "run_to_run" and breaks.seen[key] % 2 == 0
@@ -100,7 +103,11 @@ def make_breaking_app(breaks: Breaks, step_delay_s: float = 0.003, window_s: flo
                  or axis == "request_shape" and "stop" in body)
         try:
             if axis == "co_resident":
-                await asyncio.sleep(window_s)
+                # gather a batch as a server does, until `flip_at` are in or no request has arrived for
+                # window_s: on a loaded machine a burst's requests arrive further apart than a fixed window
+                loop = asyncio.get_running_loop()
+                while breaks.in_flight < breaks.flip_at and loop.time() - breaks.last_arrival < window_s:
+                    await asyncio.sleep(0.005)
                 fixed = breaks.in_flight >= breaks.flip_at
             steps: list[tuple[int, float, int, float]] = []
             history: list[int] = []
