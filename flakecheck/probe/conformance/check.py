@@ -135,6 +135,13 @@ def _prepare(config: ConformanceConfig, resume: bool, client_factory: Callable[.
     return _Check(config.with_changes(out=out), endpoint, api_key, info, card, workload, targets, directory, sizes)
 
 
+def _cap(check: _Check) -> int | None:
+    """The server's max_num_seqs where it cut the sweep short of --max-batch (1 for a serial server, whose
+    sweep keeps its smallest size, 2)."""
+    cap = server_max_num_seqs(check.model_card)
+    return cap if cap is not None and cap < check.config.max_batch else None
+
+
 def server_max_num_seqs(card: dict[str, Any] | None) -> int | None:
     """The most sequences the server runs in one step, where its model card says (flakecheck serve does; vLLM's
     card does not, so its sweep goes to --max-batch)."""
@@ -228,7 +235,7 @@ def _finish(check: _Check, results: dict[str, tuple[Unit, UnitResult]], vocab: V
                    "system_fingerprints": fingerprints, "model_card": check.model_card,
                    "token_ids": info.token_ids},
         "dtype": config.dtype, "sizes": list(check.sizes),
-        "sizes_capped_at": max(check.sizes) if max(check.sizes) < config.max_batch else None,
+        "sizes_capped_at": _cap(check),
         "targets": [t.name for t in check.targets],
         "requests": sum(len(b) for unit, _ in results.values() for b in unit.bursts),
         "fillers_failed": sum(r.fillers_failed for _, r in results.values()),

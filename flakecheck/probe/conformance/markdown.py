@@ -87,5 +87,6 @@ def _reading_of(data: dict[str, Any], name: str) -> str:
 
 def _capped(data: dict[str, Any]) -> str:
     cap = data["sizes_capped_at"]
-    return (f"Co-resident sizes up to {cap}: the server runs at most {cap} sequences a step (its max_num_seqs), "
+    return (f"Co-resident sizes up to {max(data['sizes'])}: the server runs at most {cap} sequences a step (its "
+            f"max_num_seqs), "
             f"so more in flight would wait in its queue, not share its steps.")
