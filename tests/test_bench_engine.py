@@ -21,6 +21,11 @@ def _check(result: dict, workload: bench.Workload) -> None:
         assert result[f"generated_tokens_bs{batch}"] == workload.num_prompts * workload.max_tokens
         ratio = result[f"engine_tps_bs{batch}"] / result[f"hf_tps_bs{batch}"]
         assert result[f"speedup_bs{batch}"] == pytest.approx(ratio, rel=0.01)
+    # the floor: a positive time, and the per-token figures are the throughputs' inverses
+    assert result["weights_pass_ms"] > 0
+    assert result["hf_ms_per_token_bs1"] == pytest.approx(1000 / result["hf_tps_bs1"], rel=0.01)
+    assert result["hf_over_floor_bs1"] == pytest.approx(
+        result["hf_ms_per_token_bs1"] / result["weights_pass_ms"], rel=0.02)
 
 
 def test_benchmark_runs_equal_work_on_a_tiny_model(tiny_model_dir: Path) -> None:

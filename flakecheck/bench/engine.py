@@ -90,6 +90,23 @@ def time_hf(hf_model: Any, pad_id: int, prompts: list[list[int]], batch: int, ma
     return seconds, generated
 
 
+def weights_pass_ms(hf_model: Any, repeats: int = 7) -> float:
+    """Median milliseconds of one batch-1 pass over every linear weight (the LM head included) with the
+    framework's own matmul: the time to stream the weights once, a floor under any batch-1 decode step."""
+    linears = [m for m in hf_model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {m: torch.zeros(1, m.in_features, dtype=m.weight.dtype, device=m.weight.device) for m in linears}
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first pass warms caches and allocations, and is dropped
+            start = time.perf_counter()
+            for m in linears:
+                torch.nn.functional.linear(inputs[m], m.weight)
+            if m.weight.device.type == "cuda":
+                torch.cuda.synchronize(m.weight.device)
+            times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[1:])
+
+
 def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device: str = "cpu",
                   kernels_policy: str = "native") -> dict[str, Any]:
     """Tokens per second of both sides at every batch size; the two sides alternate round by round. `device`
@@ -141,6 +158,13 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device
         result[f"speedup_bs{batch}"] = round(engine_tps / hf_tps, 3)
         result[f"median_round_speedup_bs{batch}"] = round(statistics.median(round_ratios), 3)
         result[f"generated_tokens_bs{batch}"] = totals["engine"][1]
+        if batch == 1:
+            # what a batch-1 step costs each side beside the floor they share (prefill included in both)
+            floor = weights_pass_ms(hf_model)
+            result["weights_pass_ms"] = round(floor, 2)
+            result["engine_ms_per_token_bs1"] = round(1000 / engine_tps, 2)
+            result["hf_ms_per_token_bs1"] = round(1000 / hf_tps, 2)
+            result["hf_over_floor_bs1"] = round(1000 / hf_tps / floor, 3)
         if totals["engine"][1] != totals["hf"][1]:
             raise RuntimeError(f"unequal work at batch {batch}: engine {totals['engine'][1]}, hf {totals['hf'][1]}")
     return result
@@ -157,4 +181,7 @@ def main(json_out: bool = False, quick: bool = False, device: str = "cpu", model
             f"batch {batch:>2}: engine {result[f'engine_tps_bs{batch}']:8.1f} tok/s   "
             f"transformers {result[f'hf_tps_bs{batch}']:8.1f} tok/s   speedup x{result[f'speedup_bs{batch}']}"
         )
+    print(f"batch 1 per token: engine {result['engine_ms_per_token_bs1']} ms, transformers "
+          f"{result['hf_ms_per_token_bs1']} ms; streaming the weights once: {result['weights_pass_ms']} ms "
+          f"(the most any engine could gain at batch 1: x{result['hf_over_floor_bs1']})")
     print(json.dumps(result))
