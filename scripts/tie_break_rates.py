@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from flakecheck.analysis.divergence import first_divergence
 from flakecheck.analysis.flip.calibration import auroc, spearman
 
 GAP_CLASSES = ((1e-6, "tie"), (0.0626, "<=1/16"), (0.1251, "1/8"), (0.2501, "<=1/4"), (float("inf"), "wider"))
@@ -28,13 +29,6 @@ GAP_CLASSES = ((1e-6, "tie"), (0.0626, "<=1/16"), (0.1251, "1/8"), (0.2501, "<=1
 
 def gap_class(gap: float) -> str:
     return next(name for bound, name in GAP_CLASSES if gap <= bound)
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def reference(serial: Path) -> tuple[dict[str, list[int]], dict[tuple[str, int], float], dict[str, float | None]]:
@@ -66,7 +60,7 @@ def analyse(serial: Path, repeated: Sequence[Path]) -> dict[str, Any]:
     for d, run in enumerate(repeated):
         for r in loaded_draws(run):
             case, tokens = r["case_id"], list(r["token_ids"])
-            div = first_divergence(tokens, ref[case])
+            div = first_divergence(ref[case], tokens)
             draws[d][case] += 1
             flipped[d][case] += div is not None
             for step in range(len(ref[case]) if div is None else min(div + 1, len(ref[case]))):
@@ -76,10 +70,10 @@ def analyse(serial: Path, repeated: Sequence[Path]) -> dict[str, Any]:
     by_class: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for key, n in reach.items():
         by_class[gap_class(gaps[key])].append((broke[key], n))
-    classes = {}
+    classes, rates = {}, {}
     for name, steps in by_class.items():
         b, n = sum(x for x, _ in steps), sum(y for _, y in steps)
-        rate = b / n
+        rate = rates[name] = b / n
         classes[name] = {"steps": len(steps), "reached": n, "broke": b, "rate": round(rate, 4),
                          "never_broke": sum(x == 0 for x, _ in steps),
                          "broke_in_half_or_more": sum(x / y >= 0.5 for x, y in steps),
@@ -91,7 +85,7 @@ def analyse(serial: Path, repeated: Sequence[Path]) -> dict[str, Any]:
     for c in cases:  # the gap-only prediction, its rates fitted on these draws
         survive = 1.0
         for step in range(len(ref[c])):
-            survive *= 1 - classes.get(gap_class(gaps[(c, step)]), {"rate": 0.0})["rate"]
+            survive *= 1 - rates.get(gap_class(gaps[(c, step)]), 0.0)
         fitted.append(1 - survive)
     out: dict[str, Any] = {"cases": len(cases), "draws_per_case": [max(draws[d].values()) for d in draws],
                            "gap_classes": classes,
