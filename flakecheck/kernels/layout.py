@@ -114,13 +114,6 @@ class BatchLayout:
         return self._groups(("sharded_final", 0, 0), lambda p: ShardOrder(p.tp.size, p.tp.allreduce, p.final),
                             sampling=True)
 
-    def kv_splits(self, num_seqs: int) -> list[int]:
-        """Each sequence's keys per attention split: its step's plan."""
-        splits = [0] * num_seqs
-        for s in self.segments:
-            for i in range(*s.seqs):
-                splits[i] = s.plan.kv_split
-        return splits
 
 
 @dataclass
@@ -128,12 +121,15 @@ class AttentionLayout:
     """Sequence i owns packed rows `query_starts[i]:query_starts[i+1]`, whose positions are
     `context_lens[i] - n_new .. context_lens[i] - 1`; its keys live in KV-cache slot `slots[i]`
     rows `0:context_lens[i]`, already written when attention runs, reduced `kv_splits[i]` keys a
-    split (None until a plan assigns them)."""
+    split (None until a plan assigns them). With a sliding `window`, a query at position p sees only keys
+    p - window + 1 .. p (as transformers masks them); splits still count keys from the sequence's start, so a
+    row's reduction order depends on its own position alone."""
 
     slots: list[int]
     query_starts: list[int]
     context_lens: list[int]
     kv_splits: list[int] | None = None
+    window: int | None = None
     slots_t: torch.Tensor = field(init=False, repr=False)
     context_lens_t: torch.Tensor = field(init=False, repr=False)
     decode: list[int] = field(init=False)  # sequences with one query row this step
@@ -146,12 +142,17 @@ class AttentionLayout:
         self.prefill = [i for i in range(self.num_seqs) if self.query_len(i) > 1]
 
     @classmethod
-    def of(cls, seqs: Sequence[tuple[int, int, int]], kv_splits: list[int] | None = None) -> AttentionLayout:
+    def of(cls, seqs: Sequence[tuple[int, int, int]], kv_splits: list[int] | None = None,
+           window: int | None = None) -> AttentionLayout:
         """From (slot, new rows, context length) per sequence, packed in that order."""
         starts = [0]
         for _, n, _ in seqs:
             starts.append(starts[-1] + n)
-        return cls([s for s, _, _ in seqs], starts, [c for _, _, c in seqs], kv_splits)
+        return cls([s for s, _, _ in seqs], starts, [c for _, _, c in seqs], kv_splits, window)
+
+    def first_key(self, position: int) -> int:
+        """The first key a query at `position` sees."""
+        return 0 if self.window is None else max(0, position - self.window + 1)
 
     @property
     def num_seqs(self) -> int:

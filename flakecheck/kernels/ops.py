@@ -33,7 +33,7 @@ class Backend(Protocol):
     def log_softmax(self, logits: torch.Tensor, order: int) -> torch.Tensor: ...
     def attention_meta(self, layout: AttentionLayout, group: int, device: torch.device) -> Any: ...
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any,
-                  scale: float) -> torch.Tensor: ...
+                  scale: float, softcap: float | None = None) -> torch.Tensor: ...
 
 
 class Ops:
@@ -93,19 +93,20 @@ class Ops:
                          dtype=torch.float32)
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: AttentionLayout | Any, scale: float) -> torch.Tensor:
-        """Causal attention of packed queries q [T, H, D] over the cache [slots, L, KVH, D]. `meta` is
-        the forward pass's metadata, or (standalone) an AttentionLayout planned here as one step."""
+                  meta: AttentionLayout | Any, scale: float, softcap: float | None = None) -> torch.Tensor:
+        """Causal attention of packed queries q [T, H, D] over the cache [slots, L, KVH, D], its scores
+        soft-capped where `softcap` is set. `meta` is the forward pass's metadata, or (standalone) an
+        AttentionLayout planned here as one step."""
         if isinstance(meta, AttentionLayout):
             layout = meta
             if layout.kv_splits is None:
                 shape = StepShape(tuple(layout.query_len(i) for i in range(layout.num_seqs)),
                                   tuple(layout.context_lens), 0)
-                split = attention_split(self.policy, shape, k_cache.shape[2], self.sms)
+                split = attention_split(self.policy, shape, k_cache.shape[2], self.sms, layout.window)
                 layout = AttentionLayout(layout.slots, layout.query_starts, layout.context_lens,
-                                         [split] * layout.num_seqs)
+                                         [split] * layout.num_seqs, layout.window)
             meta = self.attention_meta(layout, q.shape[1] // k_cache.shape[2], q.device)
-        return self.executor.attention(q, k_cache, v_cache, meta, scale)
+        return self.executor.attention(q, k_cache, v_cache, meta, scale, softcap)
 
 
 def by_groups(x: torch.Tensor, groups: Groups, run: Callable[[torch.Tensor, int], torch.Tensor],

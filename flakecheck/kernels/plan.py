@@ -39,6 +39,7 @@ class ModelDims:
     sharded: ShardedDims | None = None
     qkv: tuple[int, int] | None = None
     row_parallel: tuple[tuple[int, int], ...] = ()
+    windows: tuple[int, ...] = ()  # the sliding windows of layers that have one (keys a query sees, itself included)
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,17 @@ class StepShape:
 class StepPlan:
     projections: tuple[tuple[tuple[int, int], int], ...]  # ((N, K), order) for every projection
     lm_head: int
-    kv_split: int  # keys per attention split, or NATIVE
+    kv_split: int  # keys per attention split of the full-attention layers, or NATIVE
     norms: tuple[tuple[int, int], ...]  # (rows per token, order)
     final: int  # the final norm and the log-softmax, over the sampling rows
     tp: TensorParallel = TensorParallel()  # the ranks, and the all-reduce this step's message size selects
+    # (window, keys per split) of the sliding-window layers: a window shortens what a split-KV heuristic sees
+    window_kv_splits: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def attention_splits(self) -> tuple[tuple[int | None, int], ...]:
+        """(window or None for full attention, keys per split) of every kind of attention layer."""
+        return ((None, self.kv_split), *self.window_kv_splits)
 
     def projection(self, n: int, k: int) -> int:
         for shape, order in self.projections:

@@ -100,11 +100,12 @@ def norm_order(policy: KernelPolicy, rows: int, sms: int) -> int:
     return FIXED if policy.norm in FIXED_ORDERS else NATIVE
 
 
-def attention_split(policy: KernelPolicy, shape: StepShape, kv_heads: int, sms: int) -> int:
+def attention_split(policy: KernelPolicy, shape: StepShape, kv_heads: int, sms: int, window: int | None = None) -> int:
     """Keys per attention split of every sequence of the step: from the split-KV heuristic over the
-    whole step (`splitk`; `kv_heads`: those of one rank), the fixed size, or NATIVE."""
+    whole step (`splitk`; `kv_heads`: those of one rank; a sliding `window` caps the keys a sequence reduces
+    over, as a windowed flash-decoding kernel sees them), the fixed size, or NATIVE."""
     if policy.attention == "splitk":
-        longest = max(shape.context_lens)
+        longest = max(shape.context_lens) if window is None else min(max(shape.context_lens), window)
         splits = attention_splits(shape.num_seqs, kv_heads, max(shape.query_lens), longest, sms)
         return kv_chunk_size(longest, splits)
     return KV_SPLIT_SIZE if policy.attention in FIXED_ORDERS else NATIVE
@@ -145,10 +146,12 @@ def plan_step(policy: KernelPolicy, shape: StepShape, dims: ModelDims, sms: int,
     else:
         message = rows * (dims.sharded.hidden * dims.sharded.act_bytes if dims.sharded else 0)
         allreduce = resolve_allreduce(tp.allreduce, size, message)
+    kv_heads = kv_heads_per_rank(dims.kv_heads, size)
     return StepPlan(
         projections=tuple((nk, order(rows, *nk)) for nk in dims.projections),
         lm_head=order(samples, *dims.lm_head),
-        kv_split=attention_split(policy, shape, kv_heads_per_rank(dims.kv_heads, size), sms),
+        kv_split=attention_split(policy, shape, kv_heads, sms),
+        window_kv_splits=tuple((w, attention_split(policy, shape, kv_heads, sms, w)) for w in dims.windows),
         norms=tuple((r, norm_order(policy, rows * r, sms)) for r in dims.norm_rows_per_token),
         final=BLOCKED if policy.norm == TP_INVARIANT else norm_order(policy, samples, sms),
         tp=TensorParallel(size, allreduce),

@@ -129,10 +129,10 @@ class TorchBackend:
         return SplitAttentionMeta.build(layout, group, tiled=self.paths.attention == "tiled")
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMeta,
-                  scale: float) -> torch.Tensor:
+                  scale: float, softcap: float | None = None) -> torch.Tensor:
         if isinstance(meta, NativeAttentionMeta):
-            return native_attention(q, k_cache, v_cache, meta, scale)
-        out = split_attention(q, k_cache, v_cache, meta, scale)
+            return native_attention(q, k_cache, v_cache, meta, scale, softcap)
+        out = split_attention(q, k_cache, v_cache, meta, scale, softcap)
         return self._fault("attention", self.paths.attention, out, q.shape[0]) if self.faults else out
 
 

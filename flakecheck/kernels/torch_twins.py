@@ -57,6 +57,7 @@ import torch.nn.functional as F
 
 from flakecheck.kernels.fallbacks import TILE, lanes_sum
 from flakecheck.kernels.layout import AttentionLayout
+from flakecheck.kernels.native import scale_normed, soft_cap
 from flakecheck.kernels.weights import Fp16Packed
 
 ROW_BLOCK = 8  # rows of every fixed-order fp32 GEMM are padded to a multiple of this (see above)
@@ -147,10 +148,10 @@ def finish_linear(acc: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dty
 
 def rmsnorm_from_sumsq(x32: torch.Tensor, sumsq: torch.Tensor, weight: torch.Tensor, eps: float,
                        dtype: torch.dtype) -> torch.Tensor:
-    """Hugging Face's RMSNorm given each row's fp32 sum of squares: normalised in fp32, rounded to
-    the model dtype, then scaled by the weight in the model dtype."""
+    """Hugging Face's RMSNorm given each row's fp32 sum of squares: normalised in fp32, then scaled as the
+    family does (native.scale_normed)."""
     inv = torch.rsqrt(sumsq / x32.shape[-1] + eps)
-    return weight * (x32 * inv).to(dtype)
+    return scale_normed(x32 * inv, weight, dtype)
 
 
 def split_row_sum(values: torch.Tensor, splits: int) -> torch.Tensor:
@@ -254,13 +255,13 @@ class SplitAttentionMeta:
             slots = slice(slot_list[0], slot_list[0] + len(slot_list)) if consecutive else torch.tensor(slot_list)
             ctx = layout.context_lens_t if everyone else layout.context_lens_t[seqs]
             longest = max(layout.context_lens[i] for i in seqs)
-            bias = _mask_bias(ctx[:, None].expand(len(seqs), group), longest, block, row_block)
+            bias = _mask_bias(ctx[:, None].expand(len(seqs), group), longest, block, row_block, layout.window)
             decode.append(DecodeGroup(split_size, rows, slots, len(seqs), longest, bias))
         prefills = []
         for i in layout.prefill:
             n, ctx_i, split_size = layout.query_len(i), layout.context_lens[i], layout.kv_splits[i]
             limits = torch.arange(ctx_i - n + 1, ctx_i + 1).repeat_interleave(group)[None, :]
-            bias = _mask_bias(limits, ctx_i, _key_block(split_size), row_block)
+            bias = _mask_bias(limits, ctx_i, _key_block(split_size), row_block, layout.window)
             prefills.append(Prefill(split_size, layout.slots[i], layout.query_starts[i], n, ctx_i, bias))
         return cls(tuple(decode), tuple(prefills), tiled)
 
@@ -270,7 +271,7 @@ def _key_block(split_size: int) -> int:
 
 
 def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: SplitAttentionMeta,
-                    scale: float) -> torch.Tensor:
+                    scale: float, softcap: float | None = None) -> torch.Tensor:
     """Causal attention of packed q [T, H, D] over the cache, each sequence in splits of its own size.
 
     Decode rows (one query per sequence) go in one batched call per split size; each prefill chunk
@@ -285,7 +286,7 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         keys, values = _gather_kv_blocks(k_cache, v_cache, g.slots, g.longest, block)
         qd = q if g.rows is None else q.index_select(0, g.rows)
         o = _block_reduce(qd.view(g.n, kv_heads, group, head_dim), keys, values, g.bias, scale,
-                          g.split_size // block, meta.tiled)
+                          g.split_size // block, meta.tiled, softcap)
         o = o.reshape(g.n, heads, head_dim).to(q.dtype)
         if g.rows is None:
             return o
@@ -301,23 +302,27 @@ def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         n = p.n
         qg = q[p.lo : p.lo + n].view(n, kv_heads, group, head_dim).transpose(0, 1).reshape(1, kv_heads, n * group,
                                                                                           head_dim)
-        o = _block_reduce(qg, keys, values, p.bias, scale, p.split_size // block, meta.tiled)
+        o = _block_reduce(qg, keys, values, p.bias, scale, p.split_size // block, meta.tiled, softcap)
         out[p.lo : p.lo + n] = o.view(kv_heads, n, group, head_dim).transpose(0, 1).reshape(n, heads, head_dim)
     return out
 
 
-def _mask_bias(limits: torch.Tensor, longest: int, block: int,
-               row_block: int = ATTENTION_ROW_BLOCK) -> torch.Tensor | None:
+def _mask_bias(limits: torch.Tensor, longest: int, block: int, row_block: int = ATTENTION_ROW_BLOCK,
+               window: int | None = None) -> torch.Tensor | None:
     """[B, 1, blocks, Rp, block] fp32: 0 on the keys row r of sequence b sees (the first
-    limits[b, r]), -inf elsewhere; None when every row sees every key of the blocks (adding 0.0
-    changes no score's bits that matter: only -0.0 becomes +0.0, and exp of either is 1).
-    Padding rows see every key (their scores are 0: no 0/0)."""
+    limits[b, r]; with a sliding `window`, only the last `window` of them), -inf elsewhere; None when every
+    row sees every key of the blocks (adding 0.0 changes no score's bits that matter: only -0.0 becomes
+    +0.0, and exp of either is 1). Padding rows see every key (their scores are 0: no 0/0)."""
     n_blocks = math.ceil(longest / block)
     limits = pad_rows(limits - n_blocks * block, row_block, dim=1) + n_blocks * block
-    if bool((limits >= n_blocks * block).all()):
+    lows = None if window is None else (limits - window).clamp(min=0)
+    if bool((limits >= n_blocks * block).all()) and (lows is None or not bool(lows.any())):
         return None
     key_pos = torch.arange(n_blocks * block).view(1, 1, n_blocks, 1, block)
-    return torch.where(key_pos < limits[:, None, None, :, None], 0.0, NEG_INF)
+    visible = key_pos < limits[:, None, None, :, None]
+    if lows is not None:
+        visible &= key_pos >= lows[:, None, None, :, None]
+    return torch.where(visible, 0.0, NEG_INF)
 
 
 def _gather_kv_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: slice | torch.Tensor, context: int,
@@ -340,7 +345,7 @@ def _gather_kv_blocks(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: slice
 
 
 def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
-                  scale: float, per_split: int, tiled: bool = False) -> torch.Tensor:
+                  scale: float, per_split: int, tiled: bool = False, softcap: float | None = None) -> torch.Tensor:
     """qg [B, KVH, R, D] attends to keys/values [B, KVH, blocks, block, D] under the additive mask
     `bias` [B, 1, blocks, Rp, block] (None: nothing masked). Each split of `per_split` blocks
     takes its own max; its sum-exp and P @ V are the block results added in block order; the
@@ -354,7 +359,7 @@ def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bi
     n_splits = math.ceil(n_blocks / per_split)
     qs = pad_rows(qg.float() * scale, TILE if tiled else ATTENTION_ROW_BLOCK, dim=2).unsqueeze(2)  # [B, KVH, 1, Rp, D]
     rp = qs.shape[3]
-    scores = _matmul_rows(qs, keys.transpose(-1, -2), tiled)  # [B, KVH, blocks, Rp, block]
+    scores = soft_cap(_matmul_rows(qs, keys.transpose(-1, -2), tiled), softcap)  # [B, KVH, blocks, Rp, block]
     if bias is not None:
         scores += bias
     # a maximum is exact in any order; a sum is not
@@ -392,7 +397,7 @@ def _block_reduce(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bi
     for j in range(1, per_split):  # block order inside every split at once
         split_sum = split_sum + sums[:, :, :, j]
         split_out = split_out + outs[:, :, :, j]
-    # split 0 always holds a visible key, so the max is finite and a masked split weighs 0
+    # some split holds a visible key (a row sees itself), so the max is finite and a masked split weighs 0
     weights = torch.exp(split_max - split_max.amax(2, keepdim=True))  # [B, KVH, splits, Rp]
     total, acc = split_sum[:, :, 0] * weights[:, :, 0], split_out[:, :, 0] * weights[:, :, 0, :, None]
     for c in range(1, n_splits):

@@ -27,6 +27,7 @@ class TritonAttentionGroup:
     rows: torch.Tensor | None  # packed rows (None: every row of the batch)
     row_slots: torch.Tensor
     row_limits: torch.Tensor
+    row_firsts: torch.Tensor  # each row's first visible key (a sliding window's start; 0 without one)
     num_splits: int
 
 
@@ -67,27 +68,29 @@ class TritonBackend:
             by_split.setdefault(split, []).append(i)
         groups = []
         for split, seqs in sorted(by_split.items()):
-            rows, slots, limits = [], [], []
+            rows, slots, limits, firsts = [], [], [], []
             for i in seqs:
                 n, ctx = layout.query_len(i), layout.context_lens[i]
                 rows += range(layout.query_starts[i], layout.query_starts[i + 1])
                 slots += [layout.slots[i]] * n
                 limits += range(ctx - n + 1, ctx + 1)
+                firsts += (layout.first_key(p) for p in range(ctx - n, ctx))
             longest = max(layout.context_lens[i] for i in seqs)
             everyone = len(seqs) == layout.num_seqs
             groups.append(TritonAttentionGroup(
                 split, None if everyone else torch.tensor(rows, device=device),
                 torch.tensor(slots, dtype=torch.int32, device=device),
-                torch.tensor(limits, dtype=torch.int32, device=device), math.ceil(longest / split)))
+                torch.tensor(limits, dtype=torch.int32, device=device),
+                torch.tensor(firsts, dtype=torch.int32, device=device), math.ceil(longest / split)))
         return tuple(groups)
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: tuple[TritonAttentionGroup, ...], scale: float) -> torch.Tensor:
+                  meta: tuple[TritonAttentionGroup, ...], scale: float, softcap: float | None = None) -> torch.Tensor:
         out = torch.empty_like(q) if len(meta) > 1 or meta[0].rows is not None else None
         for g in meta:
             qg = q if g.rows is None else q.index_select(0, g.rows)
             m, l_, o = tk.attention_splits(qg, k_cache, v_cache, g.row_slots, g.row_limits, scale, g.split_size,
-                                           g.num_splits)
+                                           g.num_splits, row_firsts=g.row_firsts, softcap=softcap)
             result = tk.combine_splits(m, l_, o, q.dtype)
             if out is None:
                 return result

@@ -148,7 +148,8 @@ def matmul_splitk(x: torch.Tensor, w: torch.Tensor, splits: int, bias: torch.Ten
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, H, eps, SPLIT_W, BLOCK: tl.constexpr, PARTS: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, H, eps, SPLIT_W, BLOCK: tl.constexpr, PARTS: tl.constexpr,
+                    SCALE_FP32: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -160,7 +161,9 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, H, eps, SPLIT_W, BLOCK: tl.constexpr, P
         part = (cols >= s * SPLIT_W) & (cols < (s + 1) * SPLIT_W)
         total += tl.sum(tl.where(part, sq, 0.0), axis=0)
     inv = 1.0 / tl.sqrt(total / H + eps)
-    normed = (x * inv).to(y_ptr.dtype.element_ty).to(tl.float32)
+    normed = x * inv
+    if not SCALE_FP32:  # the weight scales the values rounded to the model dtype (native.scale_normed)
+        normed = normed.to(y_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * H + cols, (w * normed).to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -173,7 +176,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, splits: int = 0,
     y = out if out is not None else torch.empty_like(x2)
     parts = max(splits, 1)
     _rmsnorm_kernel[(x2.shape[0],)](x2, weight.contiguous(), y, shape[-1], eps, math.ceil(shape[-1] / parts),
-                                    BLOCK=triton.next_power_of_2(shape[-1]), PARTS=parts)
+                                    BLOCK=triton.next_power_of_2(shape[-1]), PARTS=parts,
+                                    SCALE_FP32=weight.dtype == torch.float32)
     return y.view(shape)
 
 
@@ -217,26 +221,35 @@ def log_softmax(logits: torch.Tensor, splits: int = 0, out: torch.Tensor | None 
 
 
 @triton.jit
-def _attention_split_kernel(q_ptr, k_ptr, v_ptr, row_slot_ptr, row_limit_ptr, m_ptr, l_ptr, o_ptr,
-                            scale, H, KVH, cache_len, SPLIT, NUM_SPLITS,
-                            D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+def _attention_split_kernel(q_ptr, k_ptr, v_ptr, row_slot_ptr, row_limit_ptr, row_first_ptr, m_ptr, l_ptr, o_ptr,
+                            scale, softcap, H, KVH, cache_len, SPLIT, NUM_SPLITS,
+                            D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, CAPPED: tl.constexpr):
     row, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_head = head // (H // KVH)
     slot = tl.load(row_slot_ptr + row)
     limit = tl.load(row_limit_ptr + row)
+    first = tl.load(row_first_ptr + row)  # the first key a sliding window leaves the row (0: every key)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (row * H + head) * D + d).to(tl.float32) * scale
     lo = split * SPLIT
     hi = tl.minimum(limit, lo + SPLIT)
+    # blocks wholly before the window are skipped; the rest keep the split's block grid (a row's order
+    # depends on its own position alone), so no block is all masked and no max is -inf - -inf
+    start = lo + tl.maximum(first - lo, 0) // BLOCK_N * BLOCK_N
     m_i = float("-inf")
     l_i = 0.0
     acc = tl.zeros((D,), tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):  # online softmax over fixed blocks of keys
+    for n0 in range(start, hi, BLOCK_N):  # online softmax over fixed blocks of keys
         n = n0 + tl.arange(0, BLOCK_N)
-        visible = n < hi
+        visible = (n < hi) & (n >= first)
         base = ((slot * cache_len + n) * KVH + kv_head) * D
         k = tl.load(k_ptr + base[:, None] + d[None, :], mask=visible[:, None], other=0.0).to(tl.float32)
         s = tl.sum(k * q[None, :], axis=1)
+        if CAPPED:  # softcap * tanh(s / softcap), tanh from exp: (1 - e^-2|x|) / (1 + e^-2|x|) with x's sign
+            x = s / softcap
+            e = tl.exp(-2.0 * tl.abs(x))
+            t = (1.0 - e) / (1.0 + e)
+            s = tl.where(x < 0, -t, t) * softcap
         s = tl.where(visible, s, float("-inf"))
         new_m = tl.maximum(m_i, tl.max(s, axis=0))
         alpha = tl.exp(m_i - new_m)
@@ -253,17 +266,22 @@ def _attention_split_kernel(q_ptr, k_ptr, v_ptr, row_slot_ptr, row_limit_ptr, m_
 
 def attention_splits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row_slots: torch.Tensor,
                      row_limits: torch.Tensor, scale: float, split_size: int, num_splits: int,
-                     block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     block_n: int = 64, row_firsts: torch.Tensor | None = None,
+                     softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per (row, head, split): max [T, H, S], sum [T, H, S], unnormalised output [T, H, S, D].
-    A split past a row's own keys is empty: max -inf, sum 0, output 0."""
+    A split outside a row's own keys (past them, or before its sliding window) is empty: max -inf, sum 0,
+    output 0. `row_firsts`: each row's first visible key (None: 0)."""
     t, h, d = q.shape
     m = torch.empty(t, h, num_splits, dtype=torch.float32, device=q.device)
     l_ = torch.empty_like(m)
     o = torch.empty(t, h, num_splits, d, dtype=torch.float32, device=q.device)
     grid = (t, h, num_splits)
-    _attention_split_kernel[grid](q.contiguous(), k_cache, v_cache, row_slots, row_limits, m, l_, o, scale, h,
-                                  k_cache.shape[2], k_cache.shape[1], split_size, num_splits,
-                                  D=d, BLOCK_N=min(block_n, split_size), UPCAST=INTERPRET)
+    if row_firsts is None:
+        row_firsts = torch.zeros_like(row_limits)
+    _attention_split_kernel[grid](q.contiguous(), k_cache, v_cache, row_slots, row_limits, row_firsts, m, l_, o,
+                                  scale, softcap or 1.0, h, k_cache.shape[2], k_cache.shape[1], split_size,
+                                  num_splits, D=d, BLOCK_N=min(block_n, split_size), UPCAST=INTERPRET,
+                                  CAPPED=softcap is not None)
     return m, l_, o
 
 
@@ -271,7 +289,7 @@ def combine_splits(m: torch.Tensor, l_: torch.Tensor, o: torch.Tensor, dtype: to
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Flash-decoding's reduction over splits, in split order, each rescaled to the global max."""
     top = m.amax(-1, keepdim=True)
-    w = torch.exp(m - top)  # split 0 always holds a visible key: top is finite
+    w = torch.exp(m - top)  # some split holds a visible key (a row sees itself): top is finite
     total, acc = l_[..., 0] * w[..., 0], o[..., 0, :] * w[..., 0:1]
     for s in range(1, m.shape[-1]):
         total = total + l_[..., s] * w[..., s]

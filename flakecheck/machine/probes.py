@@ -42,21 +42,11 @@ class ProbeDims:
     kv_heads: int
     head_dim: int
     norm_widths: tuple[int, ...]  # RMSNorm widths: the hidden size (and head_dim with q/k norms)
+    windows: tuple[int, ...] = ()  # sliding windows of the layers that have one: attention is probed under each
 
     @property
     def vocab(self) -> int:
         return self.lm_head[0]
-
-    @classmethod
-    def of(cls, config: object) -> ProbeDims:
-        """From an engine ModelConfig."""
-        c = config
-        hidden, heads, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim  # type: ignore[attr-defined]
-        inter = c.intermediate_size  # type: ignore[attr-defined]
-        projections = ((heads + 2 * kv) * hd, hidden), (hidden, heads * hd), (2 * inter, hidden), (hidden, inter)
-        widths = (hidden, hd) if c.qk_norm else (hidden,)  # type: ignore[attr-defined]
-        return cls(tuple(dict.fromkeys(projections)), (c.vocab_size, hidden), heads, kv, hd,  # type: ignore[attr-defined]
-                   tuple(dict.fromkeys(widths)))
 
 
 # SmolLM2-135M-Instruct, the default model
@@ -136,42 +126,44 @@ class KVCacheProbe:
         contexts[0] = probed  # the probed sequence spans several splits of 64..256 keys
         return cls(k, v, q, contexts, dims.head_dim**-0.5)
 
-    def run(self, ops: Ops, seqs: list[tuple[int, int, int]], split: int | None) -> list[torch.Tensor]:
+    def run(self, ops: Ops, seqs: list[tuple[int, int, int]], split: int | None,
+            window: int | None = None) -> list[torch.Tensor]:
         """(slot, new rows, context) per sequence as one step, every sequence `split` keys a split (None: as
-        the policy plans the step)."""
+        the policy plans the step), over a sliding `window` if given."""
         q = torch.cat([self.q[s, c - n : c] for s, n, c in seqs])
-        layout = AttentionLayout.of(seqs, None if split is None else [split] * len(seqs))
+        layout = AttentionLayout.of(seqs, None if split is None else [split] * len(seqs), window)
         out = ops.attention(q, self.k, self.v, layout, self.scale)
         return [out[layout.query_starts[i] : layout.query_starts[i + 1]] for i in range(len(seqs))]
 
 
-def attention_rows(ops: Ops, kv: KVCacheProbe, split: int | None) -> float:
+def attention_rows(ops: Ops, kv: KVCacheProbe, split: int | None, window: int | None = None) -> float:
     """Each of 16 decoding sequences alone against inside the batch, at the front and at the back, and a
     prefill's rows alone against beside decoding sequences."""
     probe = (0, 1, kv.contexts[0])
     others = [(s, 1, kv.contexts[s]) for s in range(1, len(kv.contexts))]
     seqs = [probe] + others[:15]
-    together = kv.run(ops, seqs, split)
-    worst = max(diff(together[i], kv.run(ops, [seq], split)[0]) for i, seq in enumerate(seqs))
-    worst = max(worst, diff(kv.run(ops, others[:7] + [probe], split)[-1], together[0]))
+    together = kv.run(ops, seqs, split, window)
+    worst = max(diff(together[i], kv.run(ops, [seq], split, window)[0]) for i, seq in enumerate(seqs))
+    worst = max(worst, diff(kv.run(ops, others[:7] + [probe], split, window)[-1], together[0]))
     prefill = (0, 96, kv.contexts[0])
-    alone = kv.run(ops, [prefill], split)[0]
-    return max(worst, diff(kv.run(ops, others[:3] + [prefill] + others[3:6], split)[3], alone))
+    alone = kv.run(ops, [prefill], split, window)[0]
+    return max(worst, diff(kv.run(ops, others[:3] + [prefill] + others[3:6], split, window)[3], alone))
 
 
-def attention_chunking(ops: Ops, kv: KVCacheProbe, split: int | None) -> float:
+def attention_chunking(ops: Ops, kv: KVCacheProbe, split: int | None, window: int | None = None) -> float:
     """A prefill in chunks of 61 rows (each seeing the keys before it) against one prefill."""
     ctx = kv.contexts[0]
-    whole = kv.run(ops, [(0, ctx, ctx)], split)[0]
-    parts = [kv.run(ops, [(0, min(ctx, lo + 61) - lo, min(ctx, lo + 61))], split)[0] for lo in range(0, ctx, 61)]
+    whole = kv.run(ops, [(0, ctx, ctx)], split, window)[0]
+    parts = [kv.run(ops, [(0, min(ctx, lo + 61) - lo, min(ctx, lo + 61))], split, window)[0]
+             for lo in range(0, ctx, 61)]
     return diff(whole, torch.cat(parts))
 
 
-def attention_decode_vs_prefill(ops: Ops, kv: KVCacheProbe, split: int | None) -> float:
+def attention_decode_vs_prefill(ops: Ops, kv: KVCacheProbe, split: int | None, window: int | None = None) -> float:
     """Decoding a position (beside other sequences) against that position's row of one prefill."""
     ctx = kv.contexts[0]
-    prefill = kv.run(ops, [(0, ctx, ctx)], split)[0]
+    prefill = kv.run(ops, [(0, ctx, ctx)], split, window)[0]
     others = [(s, 1, kv.contexts[s]) for s in range(1, 4)]
     positions = (0, 1, 255, 256, 300, ctx - 1)
-    decode = torch.cat([kv.run(ops, [(0, 1, p + 1)] + others, split)[0] for p in positions])
+    decode = torch.cat([kv.run(ops, [(0, 1, p + 1)] + others, split, window)[0] for p in positions])
     return diff(prefill[list(positions)], decode)

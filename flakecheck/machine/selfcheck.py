@@ -287,14 +287,16 @@ def _attention_checks(ctx: _Context, ops: Any, path: str) -> list[PropertyResult
                                                                   **ctx.kv_probe))
     invariant = ctx.policy.attention in FIXED_ORDERS
     found = []
-    for split in (KV_SPLIT_SIZE,) if invariant else SPLIT_ATTENTION_SIZES:
-        found.append(PropertyResult("attention", path, f"attention rows split {split}",
-                                    probes.attention_rows(ops, kv, split)))
-    if invariant:
-        found.append(PropertyResult("attention", path, f"attention chunking split {KV_SPLIT_SIZE}",
-                                    probes.attention_chunking(ops, kv, KV_SPLIT_SIZE)))
-        found.append(PropertyResult("attention", path, f"attention decode_vs_prefill split {KV_SPLIT_SIZE}",
-                                    probes.attention_decode_vs_prefill(ops, kv, KV_SPLIT_SIZE)))
+    for window in (None, *ctx.dims.windows):  # full attention, and each sliding window the model has
+        named = "" if window is None else f" window {window}"
+        for split in (KV_SPLIT_SIZE,) if invariant else SPLIT_ATTENTION_SIZES:
+            found.append(PropertyResult("attention", path, f"attention rows split {split}{named}",
+                                        probes.attention_rows(ops, kv, split, window)))
+        if invariant:
+            found.append(PropertyResult("attention", path, f"attention chunking split {KV_SPLIT_SIZE}{named}",
+                                        probes.attention_chunking(ops, kv, KV_SPLIT_SIZE, window)))
+            found.append(PropertyResult("attention", path, f"attention decode_vs_prefill split {KV_SPLIT_SIZE}{named}",
+                                        probes.attention_decode_vs_prefill(ops, kv, KV_SPLIT_SIZE, window)))
     return found
 
 
