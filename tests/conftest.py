@@ -24,6 +24,21 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def tiny_wide_factory(tmp_path_factory: pytest.TempPathFactory):
+    """tiny_wide_factory(arch) -> the family still tiny, but with reductions long enough (K = 256, 768) for split-K
+    to split."""
+    built: dict[str, Path] = {}
+
+    def make(architecture: str) -> Path:
+        if architecture not in built:
+            built[architecture] = build_tiny_model(tmp_path_factory.mktemp(f"wide-{architecture}"), architecture,
+                                                   init_std=0.05, hidden_size=256, intermediate_size=768)
+        return built[architecture]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_factory) -> Path:
     return tiny_model_factory("llama")
 

@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import conservative, resolve_engine
 from flakecheck.kernels import Ops
@@ -40,4 +41,4 @@ def ops(policy: str, *also: str, profile: str = "h100", dims: ProbeDims = SMOLLM
 
 def engine_ops(policy: str, config: object, dtype: str = "bfloat16") -> Ops:
     """A model's kernels as a run builds them: the spec resolved for its shapes on this machine."""
-    return resolve_engine(EngineSettings(dtype=dtype, policy=parse_policy(policy)), ProbeDims.of(config)).ops()
+    return resolve_engine(EngineSettings(dtype=dtype, policy=parse_policy(policy)), probe_dims(config)).ops()

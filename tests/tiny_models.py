@@ -45,16 +45,42 @@ def build_tokenizer(path: Path):
     return fast
 
 
+WINDOW = 8  # the tiny windowed models' sliding window: every test prompt is longer
+ALTERNATING = ["sliding_attention", "full_attention"]
+
+
+def family_config(architecture: str, common: dict):  # type: ignore[no-untyped-def]
+    """transformers' own config class of each family, with the features that set it apart switched on (sliding
+    windows shorter than the prompts, soft caps that bite, partial rotary, multipliers)."""
+    import transformers as tf
+
+    gemma = dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW, layer_types=ALTERNATING,
+                 hidden_activation="gelu_pytorch_tanh")
+    return {
+        "llama": lambda: tf.LlamaConfig(**common, tie_word_embeddings=True, rope_theta=10000.0),
+        "mistral": lambda: tf.MistralConfig(**common, tie_word_embeddings=False, sliding_window=None),
+        "mistral-window": lambda: tf.MistralConfig(**common, tie_word_embeddings=False, sliding_window=WINDOW),
+        "qwen2": lambda: tf.Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False),
+        "qwen2-window": lambda: tf.Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=True,
+                                               sliding_window=WINDOW, max_window_layers=1),
+        "qwen3": lambda: tf.Qwen3Config(**common, head_dim=16, tie_word_embeddings=True, use_sliding_window=False),
+        "gemma2": lambda: tf.Gemma2Config(**common, **gemma, attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
+        "gemma3": lambda: tf.Gemma3TextConfig(
+            **common, **gemma, rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}}),
+        "phi3": lambda: tf.Phi3Config(**common, sliding_window=WINDOW + 4, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        "olmo2": lambda: tf.Olmo2Config(**common),
+        "granite": lambda: tf.GraniteConfig(**common, embedding_multiplier=6.0, residual_multiplier=0.5,
+                                            attention_multiplier=0.2, logits_scaling=2.0),
+    }[architecture]()
+
+
 def build_tiny_model(path: Path, architecture: str = "llama", seed: int = 0, init_std: float = 0.3,
                      hidden_size: int = 64, intermediate_size: int = 128, num_heads: int = 4) -> Path:
-    """Save a tiny random `llama` | `qwen2` | `qwen3` | `mistral` model with tokenizer under `path`."""
-    from transformers import (
-        AutoModelForCausalLM,
-        LlamaConfig,
-        MistralConfig,
-        Qwen2Config,
-        Qwen3Config,
-    )
+    """Save a tiny random model of `architecture` (a key of FAMILY_CONFIGS) with tokenizer under `path`."""
+    from transformers import AutoModelForCausalLM
 
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(path)
@@ -65,12 +91,7 @@ def build_tiny_model(path: Path, architecture: str = "llama", seed: int = 0, ini
         initializer_range=init_std, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    config = {
-        "llama": lambda: LlamaConfig(**common, tie_word_embeddings=True, rope_theta=10000.0),
-        "mistral": lambda: MistralConfig(**common, tie_word_embeddings=False, sliding_window=None),
-        "qwen2": lambda: Qwen2Config(**common, tie_word_embeddings=False, use_sliding_window=False),
-        "qwen3": lambda: Qwen3Config(**common, head_dim=16, tie_word_embeddings=True, use_sliding_window=False),
-    }[architecture]()
+    config = family_config(architecture, common)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # non-trivial norm weights and biases, so the parity test exercises them

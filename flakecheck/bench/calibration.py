@@ -27,9 +27,9 @@ from flakecheck.analysis.flip.load import DEFAULT_LOAD
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, REFERENCE, Composition
 from flakecheck.data.suite import load_suite
 from flakecheck.engine import load_model
+from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
-from flakecheck.machine.probes import ProbeDims
 from flakecheck.run.engine_source import run_suite
 
 DEMO = Path(__file__).resolve().parents[2] / "suites" / "demo.jsonl"
@@ -42,7 +42,7 @@ def main(json_out: bool = False, quick: bool = False, limit: int | None = None, 
     suite = load_suite(DEMO).select(limit=limit or (4 if quick else None))
     max_tokens = 8 if quick else 64
     # the machine's self-check (minutes when its cache is cold) once, before either run is timed
-    resolve_engine(EngineSettings(model), ProbeDims.of(loaded.config))
+    resolve_engine(EngineSettings(model), probe_dims(loaded.config))
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

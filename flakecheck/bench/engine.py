@@ -20,10 +20,10 @@ from transformers import AutoModelForCausalLM
 
 from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt
 from flakecheck.engine.loader import LoadedModel
+from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.machine.probes import ProbeDims
 
 QUESTIONS = [
     "What is the capital of France?", "Name three primary colours.", "How many legs does a spider have?",
@@ -120,7 +120,7 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device
     prompts = chat_prompts(model, workload.num_prompts)
     start = time.perf_counter()
     # the kernels on the paths chosen for this machine (its CPU's bf16 instructions, if any; a GPU's own)
-    kernels = resolve_engine(settings, ProbeDims.of(model.config))
+    kernels = resolve_engine(settings, probe_dims(model.config))
     engine = LLMEngine(model, kernels.ops())
     engine_setup_s = time.perf_counter() - start
     start = time.perf_counter()

@@ -22,12 +22,12 @@ from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.llm_engine import build_model
 from flakecheck.engine.loader import LoadedModel, load_model
 from flakecheck.engine.model_runner import ModelRunner
+from flakecheck.engine.models import probe_dims
 from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.kernels import AttentionLayout, Ops
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.machine.probes import ProbeDims
 
 POLICIES = ("native", "invariant", "splitk")
 CONTEXT = 128
@@ -39,7 +39,7 @@ def main(json_out: bool = False, quick: bool = False, device: str = "cpu") -> No
     torch.manual_seed(0)
     loaded = load_model("smollm2", "bfloat16", device)
     specs = {policy: resolve_engine(EngineSettings(policy=KernelPolicy.of(policy), device=device),
-                                    ProbeDims.of(loaded.config)) for policy in POLICIES}
+                                    probe_dims(loaded.config)) for policy in POLICIES}
     ops = {policy: spec.ops() for policy, spec in specs.items()}
     models = {policy: build_model(loaded, o) for policy, o in ops.items()}
     fp32_bytes = _fp32_copy_bytes(models["splitk"])
@@ -79,7 +79,7 @@ def _fp32_copy_bytes(model) -> int:
     """The size of the fp32 weight copies a policy's model made when it was built."""
     linears = [model.lm_head.proj]
     for layer in model.layers:
-        linears += [layer.attn.qkv, layer.attn.o_proj, layer.gate_up, layer.down]
+        linears += [layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down]
     return sum(lin.weights.w32.numel() * 4 for lin in linears if lin.weights.w32 is not None)
 
 

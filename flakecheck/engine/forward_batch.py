@@ -16,7 +16,8 @@ class ForwardBatch:
     token_ids: torch.Tensor  # [T] packed tokens: prefill chunks and decode tokens together
     positions: torch.Tensor  # [T] each token's position in its own sequence
     cache_rows: torch.Tensor  # [T] each token's row in a layer's KV cache viewed as [slots * length, ...]
-    attention: Any  # the backend's attention metadata for this pass (Ops.attention_meta)
+    # the backend's attention metadata for this pass (Ops.attention_meta), per sliding window (None: full attention)
+    attention: dict[int | None, Any]
     layout: BatchLayout | None  # row groups per op (None: every op plans its input as one step)
     sample_rows: torch.Tensor | None  # packed rows that sample (the last of each finished prompt); None: all
     # (packed rows, cache rows): keys and values a row also writes for another sequence that needs the same

@@ -9,7 +9,8 @@ from flakecheck.engine.engine_core import EngineCore, EngineStats, Request
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.loader import LoadedModel
 from flakecheck.engine.model_runner import ModelRunner
-from flakecheck.engine.models import MODEL_CLASSES, LlamaForCausalLM
+from flakecheck.engine.models import CausalLM
+from flakecheck.engine.models import build_model as build_network
 from flakecheck.engine.prefix_cache import PrefixCache
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels import Ops, get_ops
@@ -20,10 +21,9 @@ __all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens"
            "token_texts"]
 
 
-def build_model(model: LoadedModel, ops: Ops) -> LlamaForCausalLM:
+def build_model(model: LoadedModel, ops: Ops) -> CausalLM:
     """The model's layers over the loaded weights, with what `ops`' policy derives from them."""
-    config = model.config
-    return MODEL_CLASSES[config.architecture](config, model.weights, ops, config.max_context)
+    return build_network(model.config, model.weights, ops, model.config.max_context)
 
 
 def kv_cache(model: LoadedModel, num_slots: int, length: int = 256) -> KVCache:
@@ -38,7 +38,7 @@ class LLMEngine:
 
     def __init__(self, model: LoadedModel, ops: Ops | None = None, max_num_seqs: int = 1,
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
-                 network: LlamaForCausalLM | None = None) -> None:
+                 network: CausalLM | None = None) -> None:
         self.loaded = model
         self.model = network if network is not None else build_model(model, ops or get_ops(KernelPolicy.of("native")))
         self.ops = self.model.ops
@@ -85,10 +85,8 @@ class LLMEngine:
 
     def add_request(self, request: Request) -> None:
         assert self.core is not None
-        config = self.loaded.config
-        windowed = config.max_context != config.max_position_embeddings
         self.core.eos_token_ids = self.eos_token_ids
-        self.core.add_request(request, "sliding window" if windowed else "context")
+        self.core.add_request(request, "context")
 
     def step(self) -> list[Completion]:
         """Run one forward pass over every scheduled sequence; return the ones that finished."""

@@ -10,7 +10,7 @@ import torch
 from flakecheck.engine.engine_core import Sampled, Scheduled
 from flakecheck.engine.forward_batch import ForwardBatch
 from flakecheck.engine.kv_cache import KVCache
-from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.models import CausalLM
 from flakecheck.engine.sampler import greedy_top2
 from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.kernels import AttentionLayout, BatchLayout, Ops, Segment, StepPlan, StepShape
@@ -46,7 +46,7 @@ class BatchBuilder:
         self.query_starts = [0]
         self.slots: list[int] = []
         self.context_lens: list[int] = []
-        self.kv_splits: list[int] = []
+        self.kv_splits: dict[int | None, list[int]] = {}  # per window (None: full attention), each sequence's split
         self.sample_rows: list[int] = []
         self.segments: list[Segment] = []
         self.fanout: list[tuple[int, int]] = []
@@ -59,9 +59,9 @@ class BatchBuilder:
     def begin_step(self) -> None:
         self._first = (len(self.token_ids), len(self.sample_rows), len(self.slots))
 
-    def add(self, seq: Sequence, start: int, end: int, kv_split: int) -> None:
-        """Compute positions start..end-1 of `seq`; it attends to its keys 0..end-1 (those before `start` are
-        in its cache slot, or written in this pass by `share`)."""
+    def add(self, seq: Sequence, start: int, end: int, plan: StepPlan) -> None:
+        """Compute positions start..end-1 of `seq` under its step's `plan`; it attends to its keys 0..end-1 (those
+        before `start` are in its cache slot, or written in this pass by `share`)."""
         assert seq.slot is not None and end > start
         self.token_ids.extend(seq.token_ids[start:end])
         self.positions.extend(range(start, end))
@@ -69,7 +69,8 @@ class BatchBuilder:
         self.query_starts.append(self.query_starts[-1] + end - start)
         self.slots.append(seq.slot)
         self.context_lens.append(end)
-        self.kv_splits.append(kv_split)
+        for window, split in plan.attention_splits:
+            self.kv_splits.setdefault(window, []).append(split)
 
     def share(self, row: int, seq: Sequence, position: int) -> None:
         """Packed row `row` also writes its keys and values as `seq`'s at `position`."""
@@ -85,7 +86,6 @@ class BatchBuilder:
                                      (first_seq, len(self.slots)), plan))
 
     def build(self, ops: Ops, group: int) -> ForwardBatch:
-        attention = AttentionLayout(self.slots, self.query_starts, self.context_lens, self.kv_splits)
         every_row = self.sample_rows == list(range(len(self.token_ids)))
         device = self.cache.device  # the step's indices live where the weights and the cache do
 
@@ -99,7 +99,9 @@ class BatchBuilder:
             index(self.token_ids),
             index(self.positions),
             index(self.cache_rows),
-            ops.attention_meta(attention, group, device),
+            {window: ops.attention_meta(AttentionLayout(self.slots, self.query_starts, self.context_lens, splits,
+                                                        window), group, device)
+             for window, splits in self.kv_splits.items()},
             BatchLayout(self.segments, len(self.token_ids), len(self.sample_rows)),
             None if every_row else index(self.sample_rows),
             fanout,
@@ -115,7 +117,7 @@ def pack(steps: Seq[PlannedStep], cache: KVCache, ops: Ops, group: int,
         builder.begin_step()
         for seq, n in step.scheduled:
             first = builder.num_rows
-            builder.add(seq, seq.num_computed, seq.num_computed + n, step.plan.kv_split)
+            builder.add(seq, seq.num_computed, seq.num_computed + n, step.plan)
             if every_row_samples:
                 for row in range(first, builder.num_rows):
                     builder.sample(row)
@@ -132,7 +134,7 @@ def sample(logits: torch.Tensor, logprobs: torch.Tensor) -> list[Sampled]:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, cache: KVCache) -> None:
+    def __init__(self, model: CausalLM, cache: KVCache) -> None:
         self.model, self.cache = model, cache
 
     def plan(self, scheduled: Scheduled, policy: KernelPolicy | None = None,

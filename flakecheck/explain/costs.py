@@ -24,14 +24,14 @@ from statistics import geometric_mean
 from flakecheck.bench.kernels import engine_step, interleaved
 from flakecheck.data.compositions import arrival_order
 from flakecheck.engine import LLMEngine, LoadedModel, Request, SamplingParams
-from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.models import CausalLM
 from flakecheck.explain.fixes import Cost, fixes_for
 from flakecheck.explain.source import RunSource
 
 PREFIX_SAMPLE = 16  # prompts prefilled twice to price the prefix cache (a serial prefill is slow on a CPU)
 
 
-def measure_costs(source: RunSource, model: LoadedModel, network: LlamaForCausalLM,
+def measure_costs(source: RunSource, model: LoadedModel, network: CausalLM,
                   repeats: int = 3) -> dict[str, Cost]:
     compositions = [c for c, r in source.work if r == 0]
     batches = sorted({1} | {c.max_batch for c in compositions})
@@ -68,7 +68,7 @@ def measure_costs(source: RunSource, model: LoadedModel, network: LlamaForCausal
     return costs
 
 
-def _prefix_cost(source: RunSource, model: LoadedModel, network: LlamaForCausalLM, cached: list) -> Cost:
+def _prefix_cost(source: RunSource, model: LoadedModel, network: CausalLM, cached: list) -> Cost:
     engine = LLMEngine(model, network=network)
     seconds = {True: 0.0, False: 0.0}
     hits = prompts = 0
@@ -91,7 +91,7 @@ def _prefix_cost(source: RunSource, model: LoadedModel, network: LlamaForCausalL
                         f"without it took {factor:.2f}x as long ({seconds[False]:.1f} vs {seconds[True]:.1f} s)")
 
 
-def _chunk_cost(source: RunSource, model: LoadedModel, network: LlamaForCausalLM, chunk: int, repeats: int) -> Cost:
+def _chunk_cost(source: RunSource, model: LoadedModel, network: CausalLM, chunk: int, repeats: int) -> Cost:
     longest = max(len(r.prompt_ids) for r in source.requests)
     if longest <= chunk:
         return Cost(1.0, f"no prompt is longer than the {chunk}-token chunk: nothing is split")

@@ -25,7 +25,7 @@ from flakecheck.analysis.attribution import case_summary
 from flakecheck.analysis.verdicts import memo_decode
 from flakecheck.data.rundir import RunData, RunDirectory, with_explanation
 from flakecheck.engine import LoadedModel, build_model, decode_tokens, token_texts
-from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.models import CausalLM, probe_dims
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.explain.costs import measure_costs
@@ -35,7 +35,6 @@ from flakecheck.explain.source import Divergence, RunSource, open_run, with_requ
 from flakecheck.explain.targeted import Replays, Variant
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S, GraderSpec, grader_spec
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.machine.probes import ProbeDims
 from flakecheck.replay.cluster import Cluster, ClusterSettings
 from flakecheck.reports.html import write_html
 
@@ -114,7 +113,7 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
 
 
 def _price_fixes(source: RunSource, divergences: list[Divergence], replays: Replays, model: LoadedModel,
-                 network: LlamaForCausalLM, grader: GraderSpec | None, cost_repeats: int, info: dict[str, Any],
+                 network: CausalLM, grader: GraderSpec | None, cost_repeats: int, info: dict[str, Any],
                  timings: dict[str, float | None], progress: bool, cluster: Cluster | None) -> list[dict[str, Any]]:
     """Replay the fixes (`replays` holds them), grade what they give, time what they cost, rank them."""
     info["replays"]["fixes"] = vars(replays.run(model, network, progress, cluster))
@@ -148,11 +147,11 @@ def _cluster(source: RunSource, replays: list[Replays], settings: ClusterSetting
     return cluster
 
 
-def _network(source: RunSource, model: LoadedModel, replays: list[Replays]) -> LlamaForCausalLM:
+def _network(source: RunSource, model: LoadedModel, replays: list[Replays]) -> CausalLM:
     """The run's kernels on the model, on the paths this machine verified (explain replays here, perhaps on
     another machine than the run's), its weights prepared for every other policy a replay plans with."""
     others = tuple(_other_policies(source, replays))
-    spec = resolve_engine(source.config.engine, ProbeDims.of(model.config), also=others)
+    spec = resolve_engine(source.config.engine, probe_dims(model.config), also=others)
     recorded = (source.run.meta.get("engine") or {}).get("machine")
     if recorded and recorded != spec.machine.to_dict():
         Console(stderr=True).print(f"[yellow]warning: explain replays on {spec.machine.describe()}, not on the "

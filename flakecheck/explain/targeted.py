@@ -23,7 +23,7 @@ from typing import Any
 from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace, run_label
 from flakecheck.engine import LoadedModel
-from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.models import CausalLM
 from flakecheck.explain.source import RunSource
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay.cluster import Cluster
@@ -90,7 +90,7 @@ class Replays:
         old = cases.get(case_id, 0)  # None: the whole output is already wanted
         cases[case_id] = None if window is None or old is None else max(window, old)
 
-    def run(self, model: LoadedModel, network: LlamaForCausalLM, progress: bool = False,
+    def run(self, model: LoadedModel, network: CausalLM, progress: bool = False,
             cluster: Cluster | None = None) -> ReplayStats:
         """Every needed variant that the run did not record, in one lockstep (or in shards on `cluster`)."""
         if not self.wanted:

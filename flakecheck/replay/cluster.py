@@ -25,12 +25,12 @@ import torch
 from flakecheck.data.rundir import TRACE_SCHEMA
 from flakecheck.data.traces import Trace
 from flakecheck.engine import build_model
+from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.machine.pinning import PINS
-from flakecheck.machine.probes import ProbeDims
 from flakecheck.replay.requests import CaseRequest
 from flakecheck.replay.shards import Shard
 from flakecheck.replay.simulated import Simulation
@@ -79,7 +79,7 @@ class ReplayWorker:
     def __init__(self, engine: EngineSettings, also: tuple[KernelPolicy, ...], threads: int) -> None:
         torch.set_num_threads(threads)
         self.loaded = engine.load()
-        self.spec = resolve_engine(engine, ProbeDims.of(self.loaded.config), also=also)
+        self.spec = resolve_engine(engine, probe_dims(self.loaded.config), also=also)
         self.network = build_model(self.loaded, self.spec.ops(also_plans=also))
 
     def describe(self) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from flakecheck.engine.engine_core import EngineCore, Sampled, Scheduled
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.model_runner import ModelRunner, sample
-from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.models import CausalLM
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.kernels.tensor_parallel import TensorParallel
@@ -60,7 +60,7 @@ class LockstepStats:
 
 
 class Lockstep:
-    def __init__(self, network: LlamaForCausalLM, cache: KVCache, max_rows: int = 2048) -> None:
+    def __init__(self, network: CausalLM, cache: KVCache, max_rows: int = 2048) -> None:
         self.network, self.cache, self.max_rows = network, cache, max_rows
         self.runner = ModelRunner(network, cache)
         self.sharing = RowSharing(cache)

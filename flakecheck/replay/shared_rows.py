@@ -110,7 +110,7 @@ class RowSharing:
         # a row's keys, values and hidden state follow the plan's body (its TP size and all-reduce included);
         # the LM head and final norm orders matter only to what a sampling row samples (`sampled` is keyed by
         # them, and by the digest, which holds the TP size that shards the LM head too)
-        body = (plan.projections, plan.norms, plan.kv_split, plan.tp)
+        body = (plan.projections, plan.norms, plan.attention_splits, plan.tp)
         plan_id = self._plans.setdefault(body, struct.pack("<Q", len(self._plans)))
         keys = []
         for position in range(start, start + n):
@@ -181,7 +181,7 @@ class RowSharing:
             computed = len(entry.sources)
             if computed < len(entry.digests):
                 first = builder.num_rows
-                builder.add(seq, start + computed, start + len(entry.digests), step.plan.kv_split)
+                builder.add(seq, start + computed, start + len(entry.digests), step.plan)
                 for i in range(computed, len(entry.digests)):
                     current.rows.setdefault(entry.digests[i], first + i - computed)
             if entry.sample_row is not None:

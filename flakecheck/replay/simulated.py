@@ -34,7 +34,7 @@ from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, EngineCore, LoadedModel, Request
 from flakecheck.engine.llm_engine import kv_cache
-from flakecheck.engine.models import LlamaForCausalLM
+from flakecheck.engine.models import CausalLM
 from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.kernels.tensor_parallel import TensorParallel
@@ -80,7 +80,7 @@ class RunTraces:
         return [self.traces[c] for c in self.case_ids]
 
 
-def simulate(model: LoadedModel, network: LlamaForCausalLM, cases: Sequence[CaseRequest],
+def simulate(model: LoadedModel, network: CausalLM, cases: Sequence[CaseRequest],
              work: Sequence[tuple[Composition, int] | Job], on_case_done: Callable[[Trace], None],
              on_run_done: Callable[[RunTraces], None], max_slots: int = MAX_SLOTS,
              max_rows: int = MAX_ROWS) -> Lockstep:
@@ -101,7 +101,7 @@ class Simulation:
     every step up to it — and every batch-mate's schedule — is the step the full replay makes: each case's
     tokens are the first tokens of its full replay. A reported case without a window runs to its end."""
 
-    def __init__(self, model: LoadedModel, network: LlamaForCausalLM, cases: Sequence[CaseRequest],
+    def __init__(self, model: LoadedModel, network: CausalLM, cases: Sequence[CaseRequest],
                  work: Sequence[tuple[Composition, int] | Job], on_case_done: Callable[[Trace], None],
                  on_run_done: Callable[[RunTraces], None], max_slots: int = MAX_SLOTS,
                  max_rows: int = MAX_ROWS, windows: Mapping[str, int] | None = None) -> None:

@@ -32,16 +32,16 @@ from flakecheck.data.stops import apply_stops
 from flakecheck.data.suite import Suite, check_prompt_lengths, load_suite
 from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, token_texts
 from flakecheck.engine.loader import DEFAULT_MODEL
+from flakecheck.engine.models import probe_dims, sharded_dims
 from flakecheck.engine.settings import DEFAULT_GPU_MEMORY_UTILIZATION
 from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import GraderSpec, grader_spec
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.kernels.tensor_parallel import TP_INVARIANT, ShardedDims, check_size
+from flakecheck.kernels.tensor_parallel import TP_INVARIANT, check_size
 from flakecheck.machine.device import peak_memory
 from flakecheck.machine.fingerprint import in_force
-from flakecheck.machine.probes import ProbeDims
 from flakecheck.replay import CaseRequest, replay_runs
 from flakecheck.replay.cluster import Cluster, ClusterSettings
 from flakecheck.run.pipeline import (
@@ -152,7 +152,7 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
         grader_spec(config.grader, config.grader_timeout)  # the program exists: fail before a long replay
     engine = config.engine
     loaded = model if model is not None else engine.load()
-    spec = resolve_engine(engine, ProbeDims.of(loaded.config))
+    spec = resolve_engine(engine, probe_dims(loaded.config))
     context = loaded.config.max_context
     requests = case_requests(config, suite_obj, loaded)
     prompt_lengths = {r.case_id: len(r.prompt_ids) for r in requests}
@@ -179,8 +179,7 @@ def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | 
 
 def check_tensor_parallel(compositions: Sequence[Composition], model: LoadedModel, policy: KernelPolicy) -> None:
     """UserError naming the composition and the model's dimension when its TP size cannot shard the model."""
-    c = model.config
-    dims = ShardedDims(c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.vocab_size, c.hidden_size)
+    dims = sharded_dims(model.config)
     for comp in compositions:
         try:
             check_size(dims, comp.tp, tp_invariant=policy.matmul == TP_INVARIANT)

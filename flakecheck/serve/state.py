@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 
 from flakecheck.engine import LLMEngine, LoadedModel, decode_tokens
 from flakecheck.engine.loader import DEFAULT_MODEL
+from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import DEFAULT_GPU_MEMORY_UTILIZATION, EngineSettings
 from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
 from flakecheck.machine.fingerprint import flakecheck_version
-from flakecheck.machine.probes import ProbeDims
 from flakecheck.serve.engine_loop import EngineLoop
 from flakecheck.serve.logprobs import TokenTexts
 from flakecheck.serve.schemas import model_not_found
@@ -76,7 +76,7 @@ def build_state(settings: ServeSettings, loaded: LoadedModel | None = None) -> S
     else:
         engine = replace(engine, dtype=str(loaded.dtype).removeprefix("torch."))
     # checked on this machine before the first request: a fixed-order server that is not invariant here refuses
-    spec = resolve_engine(engine, ProbeDims.of(loaded.config))
+    spec = resolve_engine(engine, probe_dims(loaded.config))
     engine = LLMEngine(loaded, spec.ops(), settings.max_num_seqs, settings.max_num_batched_tokens,
                        settings.enable_prefix_caching)
     lock = threading.Lock()
