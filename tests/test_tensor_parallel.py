@@ -143,8 +143,8 @@ def test_one_rank_is_the_unsharded_projection(wide: LoadedModel, kernels: str) -
     network = build_model(wide, get_ops(KernelPolicy.of(kernels), "torch"))
     layer = network.layers[0]
     x = torch.randn(7, wide.config.hidden_size).to(BF16)
-    for proj, width in ((layer.attn.qkv, None), (layer.mlp.gate_up, None), (layer.attn.o_proj, 256), (layer.mlp.down, 768),
-                        (network.lm_head.proj, None)):
+    for proj, width in ((layer.attn.qkv, None), (layer.mlp.gate_up, None), (layer.attn.o_proj, 256),
+                        (layer.mlp.down, 768), (network.lm_head.proj, None)):
         inputs = x if width is None else torch.randn(7, width).to(BF16)
         assert proj.sharding is not None
         key = ShardOrder(1, "none", FIXED if kernels == "invariant" else 3)

@@ -173,16 +173,20 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device
 
 def main(json_out: bool = False, quick: bool = False, device: str = "cpu", model: str = "smollm2",
          kernels: str = "native") -> None:
-    result = run_benchmark(model, QUICK if quick else FULL, device=device, kernels_policy=kernels)
-    if json_out:
-        print(json.dumps(result))
-        return
-    for batch in (1, 16):
-        print(
-            f"batch {batch:>2}: engine {result[f'engine_tps_bs{batch}']:8.1f} tok/s   "
-            f"transformers {result[f'hf_tps_bs{batch}']:8.1f} tok/s   speedup x{result[f'speedup_bs{batch}']}"
-        )
-    print(f"batch 1 per token: engine {result['engine_ms_per_token_bs1']} ms, transformers "
-          f"{result['hf_ms_per_token_bs1']} ms; streaming the weights once: {result['weights_pass_ms']} ms "
-          f"(the most an engine on the same GEMM could gain at batch 1: x{result['hf_over_floor_bs1']})")
-    print(json.dumps(result))
+    """`model`: one model, or several separated by commas, measured one after the other in this process (e.g.
+    smollm2,gemma3-270m: each family's ratio to `generate` on the same box); one JSON line either way."""
+    names = [m.strip() for m in model.split(",") if m.strip()]
+    results = [run_benchmark(name, QUICK if quick else FULL, device=device, kernels_policy=kernels) for name in names]
+    line = results[0] if len(results) == 1 else {"models": results}
+    if not json_out:
+        for result in results:
+            print(f"{result['model']}:")
+            for batch in (1, 16):
+                print(
+                    f"  batch {batch:>2}: engine {result[f'engine_tps_bs{batch}']:8.1f} tok/s   "
+                    f"transformers {result[f'hf_tps_bs{batch}']:8.1f} tok/s   speedup x{result[f'speedup_bs{batch}']}"
+                )
+            print(f"  batch 1 per token: engine {result['engine_ms_per_token_bs1']} ms, transformers "
+                  f"{result['hf_ms_per_token_bs1']} ms; streaming the weights once: {result['weights_pass_ms']} ms "
+                  f"(the most an engine on the same GEMM could gain at batch 1: x{result['hf_over_floor_bs1']})")
+    print(json.dumps(line))

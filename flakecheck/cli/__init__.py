@@ -355,7 +355,8 @@ def bench_cli(
     sample: int | None = typer.Option(None, help="calibration: compositions to sample (default 32)"),
     device: str = typer.Option("auto", help="engine, kernels: auto (CUDA when torch sees a GPU) | cpu | cuda | "
                                "cuda:N; the other benchmarks measure the CPU"),
-    model: str = typer.Option("smollm2", help="engine: the model (smollm2 | a Hugging Face directory | FILE.gguf)"),
+    model: str = typer.Option("smollm2", help="engine: the model (smollm2 | gemma3-270m | a Hugging Face directory | "
+                              "FILE.gguf), or several separated by commas, measured side by side in one process"),
     kernels: str = typer.Option("native", help="engine: the engine's kernels (native: the framework's own, what "
                                 "`generate` runs; splitk | invariant)"),
 ) -> None:
