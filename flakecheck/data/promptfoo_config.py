@@ -232,16 +232,17 @@ def _prompts(raw: Any, read_file: Callable[..., tuple[Path, str]], fail: Callabl
         if not isinstance(item, str) or not item.strip():
             raise fail(line, where, "a prompt is a string, a `file://` path or an object with `raw` (or `id`)")
         if item.startswith("file://"):
-            target, text = read_file(item, where, line)
-            if target.suffix.lower() == ".json":
+            suffix = Path(item).suffix.lower()
+            if suffix != ".json" and suffix not in _TEXT_FILES:
+                raise fail(line, where, f"{suffix or 'this'} prompt files are not read (a .js or .py prompt "
+                           "function is code, which flakecheck never runs); use .txt, .md, .j2 or .json")
+            text = read_file(item, where, line)[1]
+            if suffix == ".json":
                 prompts.append(Prompt(text, label or item, True))
-            elif target.suffix.lower() in _TEXT_FILES:
+            else:
                 parts = [p for p in regex.split(r"\n-{3,}\n", text) if p.strip()]
                 prompts += [Prompt(p, label or (item if len(parts) == 1 else f"{item}: {j + 1}"), False)
                             for j, p in enumerate(parts)]
-            else:
-                raise fail(line, where, f"{target.suffix or 'this'} prompt files are not read (a .js or .py prompt "
-                           "function is code, which flakecheck never runs); use .txt, .md, .j2 or .json")
         else:
             prompts.append(Prompt(item, label or item, False))
     return prompts
