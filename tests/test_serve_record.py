@@ -43,3 +43,12 @@ def test_each_answer_is_recorded_with_its_tokens_and_top2_logprobs(serve_model) 
     assert all(t["logprob"] >= t["top2"]["logprob"] for t in first["tokens"])
     assert [line["prompt_sha256"] for line in lines[2:]] == [prompt_sha256("a b"), prompt_sha256("c d")]
     assert [line["text"] for line in lines[2:]] == [c["text"] for c in raw["choices"]]
+
+
+def test_an_unwritable_record_is_refused_before_the_model_loads(tmp_path, capsys) -> None:
+    from tests.harness_helpers import run_cli
+
+    target = tmp_path / "no-such-dir" / "record.jsonl"
+    code, _, err = run_cli(capsys, "serve", "--model", str(tmp_path / "no-model"), "--port", "0",
+                           "--record-responses", target)
+    assert code == 2 and "--record-responses" in err and str(target) in " ".join(err.split())
