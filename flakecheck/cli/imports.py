@@ -216,9 +216,9 @@ def promptfoo_command(
     quiet: bool = typer.Option(False, help="print only the summary line"),
 ) -> None:
     from flakecheck.analysis.divergence import Thresholds
-    from flakecheck.harness.promptfoo_results import ResponseRecord, read_promptfoo_results
+    from flakecheck.harness.promptfoo_results import RecordedAnswers, read_promptfoo_results
 
-    pool = ResponseRecord(record) if record is not None else None
+    pool = RecordedAnswers(record) if record is not None else None
 
     def read(path: Path) -> HarnessLog:
         return read_promptfoo_results(path, pool)

@@ -37,7 +37,7 @@ MAPPING = ScorerMapping("promptfoo", True, "promptfoo's own pass/fail (gradingRe
 ERROR_REASON = 2  # promptfoo's ResultFailureReason.ERROR (1 is ASSERT: graded and failed)
 
 
-class ResponseRecord:
+class RecordedAnswers:
     """A `--record-responses` file as a pool of answers by (prompt hash, text), taken in file order."""
 
     def __init__(self, path: Path) -> None:
@@ -76,7 +76,7 @@ def _step(token: dict[str, Any]) -> Step:
     return Step(ref(token), float(token["logprob"]), ((ref(top2), float(top2["logprob"])),))
 
 
-def read_promptfoo_results(path: Path, record: ResponseRecord | None = None) -> HarnessLog:
+def read_promptfoo_results(path: Path, record: RecordedAnswers | None = None) -> HarnessLog:
     name = str(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
