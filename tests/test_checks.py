@@ -58,6 +58,10 @@ CASES = [
     ({"type": "match", "numeric": True}, ["1234"], "It costs $1,234.", "It costs 1234 or 25"),
     ({"type": "match", "numeric": True, "location": "begin"}, ["5"], "5 apples, not 3", "25 apples"),
     ({"type": "exact", "normalize": "squad"}, ["Paris"], "The Paris!", "Paris, France"),
+    ({"type": "exact", "normalize": "none"}, ["Paris"], "Paris", "Paris "),  # promptfoo's equals
+    ({"type": "json", "whole": True}, [], ' {"a": 1}\n', 'Here: {"a": 1}'),  # promptfoo's is-json
+    ({"type": "levenshtein", "value": "colour"}, [], "color", "a colourful day"),  # distance 1; 9 > default 5
+    ({"type": "levenshtein", "value": "kitten", "threshold": 2}, [], "sitten", "sitting"),  # 1; 3 > 2
     ({"type": "regex", "value": r"ANSWER\s*:\s*(\w+)", "ignore_case": True, "groups": "any"}, ["yes"],
      "answer: YES", "ANSWER: no"),
     ({"type": "regex", "value": r"(\d+) and (\d+)", "groups": "all"}, ["3"], "3 and 3", "3 and 4"),

@@ -227,6 +227,8 @@ def gate_cli(
                                                       "with --sample, or a probe with --repeat)"),
     max_score_std: float | None = typer.Option(None, help="fail when the score's standard deviation over the draws "
                                                "exceeds this many percentage points"),
+    min_pass_rate: float | None = typer.Option(None, help="fail a case that passes in fewer than this share of its "
+                                               "runs (compositions x repeats); 1 is pass^k: every run must pass"),
 ) -> None:
     from flakecheck.gate.gate import gate_command
 
@@ -234,6 +236,7 @@ def gate_cli(
         run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
         fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
         max_score_swing=max_score_swing, max_flip_probability=max_flip_probability, max_score_std=max_score_std,
+        min_pass_rate=min_pass_rate,
     ))
 
 
@@ -321,6 +324,9 @@ def serve_cli(
     served_model_name: str | None = typer.Option(None, help="the model id the API reports (default: --model)"),
     quiet: bool = typer.Option(False, help="no access log (by default one line per request on stderr: method, "
                                "path, status, latency, request id, token counts; never a body or a key)"),
+    record_responses: Path | None = typer.Option(None, help="append one JSON line per answer to this file: its "
+                                                 "text, tokens and top-2 logprobs, keyed by a hash of the prompt "
+                                                 "(`flakecheck import promptfoo --record` joins it)"),
 ) -> None:
     from flakecheck.cli.serve import serve_command
     from flakecheck.serve.state import ServeSettings
@@ -330,7 +336,7 @@ def serve_cli(
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
                                    served_model_name=served_model_name)
-    serve_command(settings, host, port, quiet)
+    serve_command(settings, host, port, quiet, record_responses)
 
 
 @app.command("bench",

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 MAX_WARNING_LINES = 20
 
-import_app = typer.Typer(no_args_is_help=True, help="Import eval-harness runs (inspect_ai, lm-evaluation-harness): "
+import_app = typer.Typer(no_args_is_help=True, help="Import eval-harness runs (inspect_ai, lm-evaluation-harness, "
+                         "promptfoo): "
                          "their exact requests as a suite, two or more runs of a task as a run directory.\n\n"
                          "Example: flakecheck import inspect logs/c1.eval logs/c16.eval --out reports/quick")
 
@@ -104,7 +105,8 @@ def lmeval_command(
 
 def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path | None, out: Path | None,
             reference: str | None, names: str | None, dtype: str | None, thresholds: Thresholds, html: bool,
-            quiet: bool, reader: str, noise: Path | None = None, noise_in_flight: int | None = None) -> None:
+            quiet: bool, reader: str, noise: Path | None = None, noise_in_flight: int | None = None,
+            promptfoo: bool = False) -> None:
     from rich.console import Console
     from rich.markup import escape
 
@@ -121,7 +123,8 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
     if suite is None and out is None:
         raise UserError("nothing to write: give --suite FILE (the requests as a suite) and/or --out DIR (a run "
                         "directory comparing two or more logs)")
-    if out is not None and len(paths) < 2 and noise is None:
+    # one promptfoo file run with --repeat N compares its repeats
+    if out is not None and len(paths) < 2 and noise is None and not promptfoo:
         raise UserError("--out compares runs: give two or more logs of one task (e.g. at 1 and 16 connections), or "
                         "one log and --noise DIR (the server's conformance directory) to predict from")
     if noise_in_flight is not None and (noise is None or noise_in_flight < 1):
@@ -144,11 +147,18 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
     given = names.split(",") if names else None
     labels = composition_names(logs, given)
     index = reference_index(logs, labels, reference)
-    mapping = map_scorer(logs[index])
+    line_of = None
+    if promptfoo:
+        from flakecheck.harness import promptfoo_results
+
+        promptfoo_results.check_same_config(logs)
+        mapping, line_of = promptfoo_results.MAPPING, promptfoo_results.case_line
+    else:
+        mapping = map_scorer(logs[index])
     err = Console(stderr=True)
     command = shlex.join(["flakecheck", *sys.argv[1:]])
     if out is None:
-        lines, skipped = suite_lines(logs[index], mapping)
+        lines, skipped = suite_lines(logs[index], mapping, line_of=line_of)
         if not lines:
             raise UserError(f"{logs[index].path}: no sample can be replayed (see the warnings): nothing to write")
         _warn(err, [w for log in logs for w in log.warnings], skipped)
@@ -164,7 +174,7 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
     try:
         run = write_import_run(plan, mapping, out, suite_out=suite, thresholds=thresholds, dtype=dtype,
                                command=command, html=html, reader=reader, noise=profile,
-                               noise_in_flight=noise_in_flight)
+                               noise_in_flight=noise_in_flight, line_of=line_of)
     except ReportError as exc:
         show_finished_run(exc.run, quiet, exc)
         return
@@ -184,6 +194,38 @@ def _import(paths: list[Path], read: Callable[[Path], HarnessLog], suite: Path |
     console = output_console()
     console.print(escape(line), soft_wrap=True)
     show_finished_run(run, quiet=False)
+
+
+@import_app.command("promptfoo", help="promptfoo `eval -o results.json` outputs of one config (repeats; runs at "
+                    "several --max-concurrency) -> a suite and/or a run directory, with promptfoo's own pass/fail as "
+                    "the verdicts.\n\nExample: flakecheck import promptfoo c1.json c8.json --record record.jsonl "
+                    "--out reports/pf")
+def promptfoo_command(
+    results: list[Path] = typer.Argument(..., help="promptfoo results files (promptfoo eval --repeat N -o FILE.json)"),
+    record: Path | None = typer.Option(None, help="the `flakecheck serve --record-responses` file of the server the "
+                                       "evals ran against: tokens and top-2 logprobs (without it only text "
+                                       "divergences are known)"),
+    suite: Path | None = typer.Option(None, help=SUITE_HELP),
+    out: Path | None = typer.Option(None, help=OUT_HELP),
+    reference: str | None = typer.Option(None, help=REFERENCE_HELP),
+    names: str | None = typer.Option(None, help=NAMES_HELP),
+    dtype: str | None = typer.Option(None, help="the server's logits dtype, which sizes a tie for the flip kinds"),
+    gap_threshold: float = typer.Option(0.05, help="a top1-top2 logprob gap below this is a near-tie"),
+    gap_window: int = typer.Option(50, help="near-ties count within the first N tokens of the reference"),
+    no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
+    quiet: bool = typer.Option(False, help="print only the summary line"),
+) -> None:
+    from flakecheck.analysis.divergence import Thresholds
+    from flakecheck.harness.promptfoo_results import RecordedAnswers, read_promptfoo_results
+
+    pool = RecordedAnswers(record) if record is not None else None
+
+    def read(path: Path) -> HarnessLog:
+        return read_promptfoo_results(path, pool)
+
+    _import(results, read, suite, out, reference, names, dtype, Thresholds(gap_threshold, gap_window), not no_html,
+            quiet, "flakecheck (promptfoo's results format 3)" + (f", tokens from {record}" if record else ""),
+            promptfoo=True)
 
 
 def _warn(console: Console, warnings: list[str], skipped: list[dict[str, str]]) -> None:

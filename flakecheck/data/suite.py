@@ -27,6 +27,9 @@ Other keys are ignored, with one warning listing them (it catches typos such as 
 Blank lines, and lines whose first non-blank characters are `#` or `//`, are skipped (they can never be valid
 JSON, so skipping them loses nothing); line numbers in errors are the file's own.
 
+A `.yaml` / `.yml` file is a promptfoo config: its prompts × tests become the cases (see
+flakecheck.data.promptfoo_config), each parsed as a line here.
+
 Every problem is an InputError naming the file, the 1-based line and the field; load_suite only reads.
 """
 
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from flakecheck.data.jsonl import json_kind, json_objects
+from flakecheck.data.promptfoo_config import is_promptfoo_config, read_promptfoo_config
 from flakecheck.errors import InputError, UserError
 from flakecheck.grading.checks import TARGET_TYPES, Check, choice_letter_of_target, parse_check, parse_number
 
@@ -106,6 +110,8 @@ def load_suite(path: str | Path) -> Suite:
     except OSError as err:
         raise InputError(name, None, None, f"cannot read the suite: {err.strerror or err}") from None
     body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data  # a BOM some editors write
+    if is_promptfoo_config(path):
+        return _promptfoo_suite(path, body)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -139,6 +145,20 @@ def load_suite(path: str | Path) -> Suite:
     if unknown_keys:
         warnings.append(f"{name}: ignored unknown field(s): {', '.join(sorted(unknown_keys))}")
     return Suite(path, cases, hashlib.sha256(data).hexdigest(), warnings)
+
+
+def _promptfoo_suite(path: Path, body: bytes) -> Suite:
+    config = read_promptfoo_config(path, body)
+    cases: list[Case] = []
+    seen: dict[str, int] = {}
+    for line, obj in config.lines:
+        case = _parse_case(obj, str(path), line, position=len(cases) + 1)
+        if case.id in seen:
+            raise InputError(str(path), line, "description", f"two cases have the id '{case.id}' (lines "
+                             f"{seen[case.id]} and {line}): give the tests or prompts distinct descriptions/labels")
+        seen[case.id] = line
+        cases.append(case)
+    return Suite(path, cases, config.digest, config.warnings)
 
 
 def check_prompt_lengths(suite: Suite, count_tokens: Callable[[Case], int], context: int,

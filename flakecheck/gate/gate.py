@@ -15,7 +15,10 @@ The gate fails when any of these holds (quarantined cases are left out of every 
 - with `--max-flip-probability P` (a run with draws: `flakecheck run --sample N`, or a probe): a case's
   observed flip probability may exceed P — the upper bound of its 95% interval is above P, so a case
   is passed only once the draws show it flips at most that often;
-- with `--max-score-std PP`: the score's standard deviation over the draws exceeds PP percentage points.
+- with `--max-score-std PP`: the score's standard deviation over the draws exceeds PP percentage points;
+- with `--min-pass-rate R`: a graded case passes in fewer than R of its runs (every composition and repeat;
+  promptfoo's per-test threshold under `--repeat`). `--min-pass-rate 1` is pass^k: the case must pass all k
+  of its runs.
 
 Defaults when a threshold is not given:
 
@@ -45,7 +48,7 @@ from flakecheck.console import output_console
 from flakecheck.data.rundir import RunData, atomic_write_text, load_run
 from flakecheck.errors import UserError
 from flakecheck.gate.junit import write_junit
-from flakecheck.gate.markdown import gate_markdown, score_swing_line
+from flakecheck.gate.markdown import gate_markdown, pass_rate_line, score_swing_line
 from flakecheck.gate.quarantine import QuarantineEntry, load_quarantine
 from flakecheck.gate.result import CaseOutcome, GateResult, GateSettings
 from flakecheck.reports.facts import DIVERGED, RunFacts, gather
@@ -57,7 +60,8 @@ RATE_EPSILON = 1e-9
 def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | None,
                  max_verdict_flips: int | None, fail_on_new_fragile: bool, quarantine: Path | None,
                  junit: Path | None, markdown: Path | None, max_score_swing: float | None = None,
-                 max_flip_probability: float | None = None, max_score_std: float | None = None) -> int:
+                 max_flip_probability: float | None = None, max_score_std: float | None = None,
+                 min_pass_rate: float | None = None) -> int:
     if max_flaky_rate is not None and not 0.0 <= max_flaky_rate <= 1.0:
         raise UserError(f"--max-flaky-rate must be between 0 and 1, got {max_flaky_rate}")
     if max_verdict_flips is not None and max_verdict_flips < 0:
@@ -68,6 +72,8 @@ def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | N
         raise UserError(f"--max-flip-probability must be between 0 and 1, got {max_flip_probability}")
     if max_score_std is not None and not 0.0 <= max_score_std <= 100.0:
         raise UserError(f"--max-score-std is in percentage points, between 0 and 100; got {max_score_std}")
+    if min_pass_rate is not None and not 0.0 <= min_pass_rate <= 1.0:
+        raise UserError(f"--min-pass-rate must be between 0 and 1 (1: pass^k, every run passes), got {min_pass_rate}")
     if fail_on_new_fragile and baseline is None:
         raise UserError("--fail-on-new-fragile needs --baseline RUN_DIR to compare against")
     run = load_run(run_dir)
@@ -79,7 +85,7 @@ def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | N
     entries = load_quarantine(quarantine) if quarantine is not None else []
     result = evaluate(run, base, entries, max_flaky_rate, max_verdict_flips, fail_on_new_fragile, date.today(),
                       max_score_swing=max_score_swing, max_flip_probability=max_flip_probability,
-                      max_score_std=max_score_std)
+                      max_score_std=max_score_std, min_pass_rate=min_pass_rate)
     text = gate_markdown(result)
     for path, content in ((junit, None), (markdown, text)):
         if path is None:
@@ -99,7 +105,7 @@ def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | N
 def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEntry],
              max_flaky_rate: float | None, max_verdict_flips: int | None, fail_on_new_fragile: bool,
              today: date, max_score_swing: float | None = None, max_flip_probability: float | None = None,
-             max_score_std: float | None = None) -> GateResult:
+             max_score_std: float | None = None, min_pass_rate: float | None = None) -> GateResult:
     """The gate's decision over a run (and optionally a baseline), without side effects."""
     facts = gather(run)
     active = {e.case_id: e for e in entries if not e.expired(today)}
@@ -113,6 +119,7 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         max_verdict_flips if max_verdict_flips is not None else 0,
         fail_on_new_fragile,
         max_score_swing=max_score_swing, max_flip_probability=max_flip_probability, max_score_std=max_score_std,
+        min_pass_rate=min_pass_rate,
     )
     score_std = _score_std(facts, set(active))
     std_fails = max_score_std is not None and score_std is not None and score_std > max_score_std + RATE_EPSILON
@@ -145,7 +152,7 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
     for c in facts.cases:
         case_id = str(c["case_id"])
         before = base_status.get(case_id)
-        outcome = CaseOutcome(c, "pass", baseline_status=before)
+        outcome = CaseOutcome(c, "pass", baseline_status=before, passes=pass_counts(facts.verdicts.get(case_id, {})))
         if case_id in active:
             outcome.outcome, outcome.quarantine = "quarantined", active[case_id]
             outcomes.append(outcome)
@@ -168,6 +175,9 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         if max_flip_probability is not None and high is not None and high > max_flip_probability + RATE_EPSILON:
             outcome.reasons.append(f"it may flip in up to {high:.0%} of draws (observed {c['p_flip']:.0%}, 95% "
                                    f"upper bound) > max {max_flip_probability:.0%}")
+        passes = outcome.passes
+        if min_pass_rate is not None and passes is not None and passes[0] < min_pass_rate * passes[1] - RATE_EPSILON:
+            outcome.reasons.append(f"{pass_k_words(*passes)} < min pass rate {min_pass_rate:.0%}")
         if c["verdict_flip"] and swing_fails:
             outcome.reasons.append(f"its verdict flip moves the score (swing {score.swing_pp:.1f} pp > max "
                                    f"{max_score_swing:g} pp)")
@@ -185,6 +195,11 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
     if too_likely:
         failures.append(f"{len(too_likely)} case(s) may flip more often than {max_flip_probability:.0%} of draws "
                         f"(95% upper bound): {', '.join(too_likely[:10])}{' …' if len(too_likely) > 10 else ''}")
+    below = [o.case_id for o in outcomes if any("< min pass rate" in r for r in o.reasons)]
+    if below:
+        failures.append(f"{len(below)} case(s) pass in fewer than {min_pass_rate:.0%} of their runs"
+                        f"{' (pass^k: every run must pass)' if min_pass_rate == 1 else ''}: "
+                        f"{', '.join(below[:10])}{' …' if len(below) > 10 else ''}")
     if std_fails:
         failures.append(f"the score's standard deviation over the draws, {score_std:.2f} pp, exceeds the maximum "
                         f"{max_score_std:g} pp")
@@ -197,6 +212,17 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         baseline=baseline.path if baseline is not None else None, score=score, notes=notes,
         score_std_pp=score_std,
     )
+
+
+def pass_counts(verdicts: dict[str, bool | None]) -> tuple[int, int] | None:
+    """(runs passed, runs graded) of one case over every composition and repeat; None when none was graded."""
+    graded = [v for v in verdicts.values() if v is not None]
+    return (sum(graded), len(graded)) if graded else None
+
+
+def pass_k_words(passed: int, runs: int) -> str:
+    """'passed 2 of 3 runs (pass^3 no)' — promptfoo's words for a case under --repeat."""
+    return f"passed {passed} of {runs} runs (pass^{runs} {'yes' if passed == runs else 'no'})"
 
 
 def _score_std(facts: RunFacts, quarantined: set[str]) -> float | None:
@@ -264,6 +290,8 @@ def print_result(result: GateResult, console: Console) -> None:
                       f"{'' if s.max_flip_probability is None else f' (max {s.max_flip_probability:.0%})'} · "
                       f"score std over the draws {std}"
                       f"{'' if s.max_score_std is None else f' (max {s.max_score_std:g} pp)'}")
+    if s.min_pass_rate is not None:
+        console.print(f"  {escape(pass_rate_line(result))}")
     if result.baseline is not None:
         console.print(f"  baseline {escape(str(result.baseline))}: {len(result.new_divergent)} newly divergent, "
                       f"{len(result.new_fragile)} newly fragile")

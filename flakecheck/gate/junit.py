@@ -5,8 +5,9 @@
   passed with flaky runs; readers that do not know it count the case as passed);
 - `<skipped>`: quarantined;
 - `<properties>`: status, the predicted flip probability (and the observed one, with draws), min_gap,
-  first_divergence, the diverging tokens and the flip kind (tie, near_tie, confident); on the suite, the
-  score swing (worst-case, best-case score and the swing in points).
+  first_divergence, the diverging tokens and the flip kind (tie, near_tie, confident), the runs passed of the
+  runs graded and pass_k (every run passed: promptfoo's pass^k); on the suite, the score swing (worst-case,
+  best-case score and the swing in points) and the --min-pass-rate when given.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def junit_tree(result: GateResult) -> ET.ElementTree:
                         ("backend", facts.backend), ("profile", facts.profile),
                         ("compositions", ",".join(facts.composition_names)), ("reference", facts.reference),
                         ("flaky_rate", f"{result.flaky_rate:.6f}"), ("gate", "passed" if result.passed else "failed"),
-                        ("run_dir", str(facts.path)), *_score_properties(result)):
+                        ("run_dir", str(facts.path)), *_score_properties(result),
+                        *([("min_pass_rate", f"{result.settings.min_pass_rate:g}")]
+                          if result.settings.min_pass_rate is not None else [])):
         ET.SubElement(props, "property", name=name, value=xml_text(value))
     for outcome in result.outcomes:
         suite.append(_testcase(outcome, suite_name))
@@ -68,6 +71,10 @@ def _testcase(outcome: CaseOutcome, classname: str) -> ET.Element:
             ET.SubElement(props, "property", name=name, value=xml_text(case[name]))
     if outcome.baseline_status is not None:
         ET.SubElement(props, "property", name="baseline_status", value=xml_text(outcome.baseline_status))
+    if outcome.passes is not None:
+        passed, runs = outcome.passes
+        for name, value in (("runs_passed", passed), ("runs_graded", runs), ("pass_k", str(passed == runs).lower())):
+            ET.SubElement(props, "property", name=name, value=xml_text(value))
     description = _describe(case)
     if outcome.outcome == "fail":
         failure = ET.SubElement(element, "failure", message=xml_text("; ".join(outcome.reasons)),

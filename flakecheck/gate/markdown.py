@@ -22,6 +22,20 @@ def score_swing_line(result: GateResult) -> str:
     return f"score swing {score.swing_pp:.1f} pp ({bound}): {swing_sentence(score)}"
 
 
+def pass_rate_line(result: GateResult) -> str:
+    """'pass^k: 5 of 8 graded cases passed every run; lowest pass rate 33% (min 100%)' for the gate's outputs."""
+    graded = [o for o in result.outcomes if o.passes is not None and o.outcome != "quarantined"]
+    if not graded:
+        return "pass rate per case: no graded cases"
+    k = sorted({o.passes[1] for o in graded if o.passes is not None})
+    lowest = min(o.passes[0] / o.passes[1] for o in graded if o.passes is not None)
+    limit = result.settings.min_pass_rate
+    bound = f"min {limit:.0%}" if limit is not None else "not gated; --min-pass-rate R"
+    runs = f"{k[0]}" if len(k) == 1 else f"{k[0]}-{k[-1]}"
+    return (f"pass^k over {runs} runs per case: {sum(bool(o.pass_k) for o in graded)} of {len(graded)} graded cases "
+            f"passed every run; lowest pass rate {lowest:.0%} ({bound})")
+
+
 def gate_markdown(result: GateResult) -> str:
     facts, s = result.facts, result.settings
     mark = "✅ passed" if result.passed else "❌ failed"
@@ -35,6 +49,8 @@ def gate_markdown(result: GateResult) -> str:
     lines.append(f"- verdict flips **{result.n_verdict_flips}** (max {s.max_verdict_flips}"
                  f"{', from the baseline' if s.flips_from_baseline else ''})")
     lines.append(f"- {md_text(score_swing_line(result), 500)}")
+    if s.min_pass_rate is not None:
+        lines.append(f"- {md_text(pass_rate_line(result), 500)}")
     if result.baseline is not None:
         lines.append(f"- against the baseline: {len(result.new_divergent)} newly divergent, "
                      f"{len(result.new_fragile)} newly fragile")

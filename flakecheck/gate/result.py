@@ -22,6 +22,7 @@ class GateSettings:
     max_score_swing: float | None = None  # percentage points; None: not gated
     max_flip_probability: float | None = None  # on each case's interval's upper bound; None: not gated
     max_score_std: float | None = None  # percentage points, over the draws; None: not gated
+    min_pass_rate: float | None = None  # per case, over its runs (1: pass^k); None: not gated
 
 
 @dataclass
@@ -33,6 +34,12 @@ class CaseOutcome:
     reasons: list[str] = field(default_factory=list)
     baseline_status: str | None = None
     quarantine: QuarantineEntry | None = None
+    passes: tuple[int, int] | None = None  # (runs passed, runs graded) over compositions x repeats
+
+    @property
+    def pass_k(self) -> bool | None:
+        """pass^k: every one of its k graded runs passed (None: not graded)."""
+        return None if self.passes is None else self.passes[0] == self.passes[1]
 
     @property
     def case_id(self) -> str:

@@ -3,7 +3,8 @@
 A check is `{"type": ..., "value": ..., **options}`. Canonical types (CHECK_TYPES); "(target)" marks the
 types whose `value` may be left out, the case's targets standing in for it (any target may match):
 
-- `exact` (target): the output equals the value after whitespace normalisation (strip, collapse runs).
+- `exact` (target): the output equals the value after whitespace normalisation (strip, collapse runs);
+  `normalize: "none"`: character for character (promptfoo's `equals`).
 - `contains`, `icontains` (target): the value occurs in the output (`icontains`: ignoring case).
 - `starts-with` (target): the output, leading whitespace removed, starts with the value.
 - `regex` (needs a value): the pattern matches somewhere; when it has a capture group and the case has a
@@ -14,7 +15,9 @@ types whose `value` may be left out, the case's targets standing in for it (any 
   Option `letters` (default "ABCDE").
 - `json`: the output parses as JSON (whole, inside a ```json fence, or the one object/array in the text);
   `required`: keys the object must have; a dict `value`: key/value pairs it must contain (strings compared
-  ignoring case and spacing).
+  ignoring case and spacing). `whole: true`: only the whole output counts (promptfoo's `is-json`).
+- `levenshtein` (needs a value): the edit distance between the output and the value is at most `threshold`
+  (default 5), as promptfoo's `levenshtein` assertion.
 - `contains-any`, `contains-all` (targets): any / all of the listed strings occur. Option `ignore_case`.
 - `match` (target): inspect_ai's match() scorer. Options `location` (begin | end | any | exact, default end),
   `ignore_case` (default true), `numeric` (default false).
@@ -55,7 +58,7 @@ from flakecheck.grading import harness_rules as harness
 
 CHECK_TYPES: tuple[str, ...] = (
     "exact", "contains", "icontains", "starts-with", "regex", "numeric", "choice", "json",
-    "contains-any", "contains-all", "match", "exact-match",
+    "contains-any", "contains-all", "match", "exact-match", "levenshtein",
 )
 
 # Spelling -> (canonical type, options it implies).
@@ -79,7 +82,8 @@ REGEX_TIMEOUT_S = 0.25
 _KNOWN_OPTIONS = {
     "exact": {"normalize"},
     "numeric": {"abs_tol", "rel_tol"},
-    "json": {"required"},
+    "json": {"required", "whole"},
+    "levenshtein": {"threshold"},
     "regex": {"ignore_case", "groups"},
     "contains-any": {"ignore_case"},
     "contains-all": {"ignore_case"},
@@ -87,9 +91,9 @@ _KNOWN_OPTIONS = {
     "match": {"location", "ignore_case", "numeric"},
     "exact-match": {"filters", "ignore_case", "ignore_punctuation", "ignore_numbers", "regexes_to_ignore"},
 }
-_BOOLEAN_OPTIONS = {"ignore_case", "numeric", "multiple", "ignore_punctuation", "ignore_numbers"}
-_CHOICES = {"normalize": ("whitespace", "squad"), "groups": ("first", "any", "all"), "format": ("letter", "answer"),
-            "location": harness.LOCATIONS}
+_BOOLEAN_OPTIONS = {"ignore_case", "numeric", "multiple", "ignore_punctuation", "ignore_numbers", "whole"}
+_CHOICES = {"normalize": ("whitespace", "squad", "none"), "groups": ("first", "any", "all"),
+            "format": ("letter", "answer"), "location": harness.LOCATIONS}
 _IGNORED_KEYS = {"type", "value", "metric", "weight", "description"}  # promptfoo extras with no meaning here
 
 
@@ -222,6 +226,12 @@ def _parse_value(check_type: str, value: Any, options: dict[str, Any], fail: Any
         if letter is None:
             raise fail(f"'choice' takes an answer letter among {letters}, got {value!r}", ".value")
         return letter
+    if check_type == "levenshtein":
+        if "threshold" in options and not _is_non_negative_number(options["threshold"]):
+            raise fail(f"'threshold' must be a number >= 0, got {options['threshold']!r}", ".threshold")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise fail("'levenshtein' needs a string 'value'", ".value")
+        return str(value)
     if check_type == "json":
         required = options.get("required", [])
         if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
@@ -374,6 +384,8 @@ def _evaluate(output: str, check: Check, targets: Sequence[str]) -> bool:
         return _regex_passes(output, check, targets)
     if kind == "json":
         return _json_passes(output, check)
+    if kind == "levenshtein":
+        return edit_distance(output, check.value) <= float(check.options.get("threshold", 5))
     if kind in ("contains-any", "contains-all"):
         needles = check.value if check.value is not None else tuple(targets)
         if not needles:
@@ -400,6 +412,8 @@ def _evaluate(output: str, check: Check, targets: Sequence[str]) -> bool:
     if kind == "exact":
         if check.options.get("normalize") == "squad":
             return harness.squad_exact(output, expected_texts)
+        if check.options.get("normalize") == "none":
+            return output in expected_texts
         normalised = normalise_whitespace(output)
         return any(normalised == normalise_whitespace(e) for e in expected_texts)
     if kind == "contains":
@@ -455,8 +469,27 @@ def _numeric_passes(output: str, check: Check, expected: Sequence[Any]) -> bool:
     return False
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions of one character each)."""
+    if len(a) < len(b):
+        a, b = b, a
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
 def _json_passes(output: str, check: Check) -> bool:
-    parsed, data = parse_json_output(output)
+    if check.options.get("whole"):
+        try:
+            parsed, data = True, json.loads(output)
+        except (ValueError, RecursionError):
+            parsed, data = False, None
+    else:
+        parsed, data = parse_json_output(output)
     if not parsed:
         return False
     required: list[str] = check.options.get("required", [])
@@ -502,7 +535,7 @@ def check_label(check: Check) -> str:
     else:
         detail = _short(str(check.value))
     extras = []
-    for key in ("abs_tol", "rel_tol"):
+    for key in ("abs_tol", "rel_tol", "threshold"):
         if key in check.options:
             extras.append(f"{key} {check.options[key]:g}")
     if check.options.get("required"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -139,13 +139,16 @@ def build_traces(plan: ImportPlan) -> tuple[list[Trace], dict[tuple[str, str, in
 
 def write_import_run(plan: ImportPlan, mapping: ScorerMapping, out: Path, *, suite_out: Path | None,
                      thresholds: Thresholds, dtype: str | None, command: str, html: bool,
-                     reader: str, noise: ServerNoise | None = None, noise_in_flight: int | None = None) -> RunData:
+                     reader: str, noise: ServerNoise | None = None, noise_in_flight: int | None = None,
+                     line_of: Callable[[HarnessLog, list[SampleRun]], dict[str, Any]] | None = None) -> RunData:
     """Write the run directory (and the suite, when asked) and return the run loaded from `out`. `noise`: a
     server's measured profile the predicted flip probabilities come from (what one log alone can have), for
-    a load of at most `noise_in_flight` requests in flight (None: the largest load it measured)."""
+    a load of at most `noise_in_flight` requests in flight (None: the largest load it measured). `line_of`: a
+    case's suite line from the reference log's runs (default: to_suite.case_line with `mapping`'s checks)."""
     check_out(out)
     ref = plan.logs[0]
-    lines = [case_line(ref, per_log[0], mapping) for per_log in plan.cases.values()]
+    line_of = line_of or (lambda log, runs: case_line(log, runs, mapping))
+    lines = [line_of(ref, per_log[0]) for per_log in plan.cases.values()]
     traces, verdicts, texts, units, vocab = build_traces(plan)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))

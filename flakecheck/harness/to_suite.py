@@ -9,6 +9,7 @@ without checks would grade by exact match, which is not the harness's rule. Grad
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +69,15 @@ def case_line(log: HarnessLog, runs: list[SampleRun], mapping: ScorerMapping) ->
     return line
 
 
-def suite_lines(log: HarnessLog, mapping: ScorerMapping, ids: list[str] | None = None
+def suite_lines(log: HarnessLog, mapping: ScorerMapping, ids: list[str] | None = None,
+                line_of: Callable[[HarnessLog, list[SampleRun]], dict[str, Any]] | None = None
                 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """The suite's lines (in the log's sample order, or only `ids` in that order) and the samples left out."""
+    """The suite's lines (in the log's sample order, or only `ids` in that order) and the samples left out;
+    `line_of` makes a line (default: case_line with `mapping`'s checks)."""
     kept, skipped = replayable(log)
     wanted = set(ids) if ids is not None else None
-    lines = [case_line(log, runs, mapping) for sample_id, runs in kept.items()
-             if wanted is None or sample_id in wanted]
+    lines = [line_of(log, runs) if line_of is not None else case_line(log, runs, mapping)
+             for sample_id, runs in kept.items() if wanted is None or sample_id in wanted]
     return lines, skipped
 
 

@@ -14,13 +14,15 @@ from flakecheck.serve.access_log import AccessLog
 from flakecheck.serve.chat import router as chat_router
 from flakecheck.serve.completions import router as completions_router
 from flakecheck.serve.errors import APIError, install_error_handlers
+from flakecheck.serve.response_record import ResponseRecord
 from flakecheck.serve.state import ServerState
 from flakecheck.serve.tokenize import router as tokenize_router
 
 
-def build_app(state: ServerState, access_log: TextIO | None = None) -> FastAPI:
+def build_app(state: ServerState, access_log: TextIO | None = None, record: TextIO | None = None) -> FastAPI:
     """The app over a built server state; its lifespan starts and stops the engine loop. With `access_log`,
-    one line per request is written there (flakecheck.serve.access_log)."""
+    one line per request is written there (flakecheck.serve.access_log); with `record`, one line per generated
+    choice with its tokens and top-2 logprobs (flakecheck.serve.response_record)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -33,6 +35,8 @@ def build_app(state: ServerState, access_log: TextIO | None = None) -> FastAPI:
     app = FastAPI(title="flakecheck serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
     install_error_handlers(app)
+    if record is not None:
+        app.add_middleware(ResponseRecord, stream=record)
     if access_log is not None:
         app.add_middleware(AccessLog, stream=access_log)
     app.include_router(chat_router)

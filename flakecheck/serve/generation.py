@@ -55,6 +55,10 @@ class Generation:
         self.stop_strings = body.stop_strings()
         self._body = body
 
+    @property
+    def body(self) -> GenerationRequest:
+        return self._body
+
     def _job_id(self, index: int) -> str:
         return f"{self.id}-{index}"
 
