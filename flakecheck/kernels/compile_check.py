@@ -106,12 +106,13 @@ def _print(results: list[tuple[Launch, Compiled]], edges: list[Boundary], models
     console = output_console()
     table = Table(title=f"Triton kernels compiled ahead of time (bf16, enable_fp_fusion={FP_FUSION})")
     for column in ("kernel", "configuration", "target", "instruction", "registers", "spills", "shared", "fits"):
-        table.add_column(column, justify="right" if column in ("registers", "spills", "shared") else "left")
+        table.add_column(column, justify="right" if column in ("registers", "spills", "shared") else "left",
+                         no_wrap=column in ("kernel", "target", "instruction"))
     for _, c in results:
         fits = "[green]yes[/]" if c.fits else f"[bold red]NO[/] {escape(c.error or '')}"
         if not c.order_ok:
             fits += f" [bold red]{c.atomics} atomics, grid axes {','.join(c.grid_axes)}[/]"
-        table.add_row(c.kernel.strip("_"), c.config, c.target, c.instruction, str(c.registers),
+        table.add_row(_short(c.kernel), c.config, c.target, c.instruction, str(c.registers),
                       f"{c.spill_bytes} B", f"{c.shared} B / {c.max_shared // 1024} KiB", fits)
     console.print(table)
     console.print("models: " + "; ".join(f"{m.name} ({m.source})" for m in models))
@@ -119,8 +120,13 @@ def _print(results: list[tuple[Launch, Compiled]], edges: list[Boundary], models
         console.print("instruction boundaries: none (one instruction for every M on every target)")
     for b in edges:
         probed = "[green]probed both sides[/]" if b.probed else "[bold red]NOT probed by the self-check[/]"
-        console.print(f"instruction boundary: {b.kernel.strip('_')} on {b.target} at M {b.rows}/{b.rows + 1}: "
+        console.print(f"instruction boundary: {_short(b.kernel)} on {b.target} at M {b.rows}/{b.rows + 1}: "
                       f"{b.below} -> {b.above} — {probed}")
     bad = sum(1 for _, c in results if not (c.fits and c.order_ok))
     console.print(f"{len(results) - bad}/{len(results)} configurations compile and fit, without atomics, the "
                   "fixed-order ones on one grid axis")
+
+
+def _short(kernel: str) -> str:
+    """_matmul_persistent_kernel -> matmul_persistent"""
+    return kernel.strip("_").removesuffix("_kernel")
