@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -124,6 +125,31 @@ def test_fixed_order_ptx_has_no_atomics_and_no_split_axis() -> None:
                             target=triton.backends.compiler.GPUTarget("cuda", 90, 32),
                             options={"enable_fp_fusion": False})
     assert atomics(atomic.asm["ptx"]) > 0
+
+
+def _reduction_loops(launch: Launch) -> list[tuple[str, str, str]]:
+    """(from, to, step) of every loop that carries values (a reduction) in the launch's Triton IR, which names
+    the loops the PTX only branches through."""
+    from flakecheck.kernels import aot
+
+    compiled = triton.compile(triton.compiler.ASTSource(getattr(aot.triton_kernels, launch.kernel),
+                                                        *aot.signature(launch)),
+                              target=triton.backends.compiler.GPUTarget("cuda", 90, 32),
+                              options={"num_warps": launch.num_warps, "enable_fp_fusion": tiles.FP_FUSION})
+    return re.findall(r"scf\.for %\w+ = (%\w+) to (%\w+) step (%\w+) iter_args", compiled.asm["ttir"])
+
+
+def test_fixed_order_matmul_reduces_over_k_alone() -> None:
+    """Each tile class's reduction loop runs from 0 to K in constant steps: no M (nor program id) in its bounds,
+    so no split count that depends on M. The split-K kernel's loop starts at its split's offset."""
+    for launch in launches.launches(compiled_models()[:1], 132):
+        if launch.kernel == "_matmul_persistent_kernel":
+            loops = _reduction_loops(launch)
+            assert loops and all(lo.startswith("%c0_") and hi == "%K" and re.fullmatch(r"%c\d+_i32", step)
+                                 for lo, hi, step in loops), (launch.label, loops)
+        if launch.kernel == "_matmul_splitk_kernel":
+            loops = _reduction_loops(launch)
+            assert loops and all(lo == "%k_lo" for lo, _, _ in loops), loops
 
 
 def test_every_launch_passes_the_fp_fusion_setting() -> None:
