@@ -87,11 +87,15 @@ def test_a_spilling_configuration_exits_1(monkeypatch: pytest.MonkeyPatch, capsy
     assert bad and all("BLOCK_M=128 BLOCK_N=128" in k["config"] and k["spill_bytes"] > 0 for k in bad)
 
 
-def test_a_configuration_that_does_not_compile_exits_1(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_configuration_that_does_not_compile_exits_1(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture) -> None:
     broken = Launch("_rmsnorm_kernel", (("BLOCK", 1000), ("PARTS", 1)), 4,
                     (("x_ptr", "bf16"), ("w_ptr", "bf16"), ("y_ptr", "bf16")), ("eps",))  # not a power of 2
-    monkeypatch.setattr(compile_check, "launches", lambda models, sms: [broken])
+    unset = replace(broken, constexprs=(("BLOCK", 1024),))  # PARTS, a constexpr of the kernel, given no value
+    monkeypatch.setattr(compile_check, "launches", lambda models, sms: [broken, unset])
     assert compile_check.compile_command("sm_80", json_out=True, jobs=1) == 1
+    errors = [k["error"] for k in json.loads(capsys.readouterr().out)["kernels"]]
+    assert errors[0] and "PARTS" in errors[1]
 
 
 def test_unknown_target_is_bad_input() -> None:

@@ -73,6 +73,10 @@ def signature(launch: Launch) -> tuple[dict[str, str], dict[str, Any]]:
     """Triton's signature and constexprs of a launch, from the kernel's own argument names."""
     fn = getattr(triton_kernels, launch.kernel)
     constexprs, pointers = dict(launch.constexprs), dict(launch.pointers)
+    unset = [p.name for p in fn.params if p.is_constexpr and p.name not in constexprs]
+    if unset:
+        raise ValueError(f"{launch.kernel}: no value for its constexpr {', '.join(unset)} "
+                         "(flakecheck/kernels/launches.py)")
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
