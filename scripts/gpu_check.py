@@ -3,6 +3,10 @@ and a table. See docs/gpu.md.
 
 Steps, each in a subprocess with its own time limit, skipped once the whole budget is spent:
 
+0. compile: `flakecheck kernels compile --target sm_XY --json` for this GPU's architecture (all of sm_80, sm_89,
+   sm_90, sm_100 on a CPU or an architecture it does not know): every kernel compiles without spills, and the
+   matmuls' instruction boundaries on this target, which the kernels check below then probes. When it fails
+   nothing else runs: the GPU steps would start from kernels not known to compile here;
 1. kernels: tests/test_kernels_triton.py and tests/test_engine_triton.py natively on the GPU;
 2. kernels check: `flakecheck kernels check --device DEVICE --json` (the invariant column must hold);
 3. demo: the first 24 demo cases under splitk, invariant and native (statuses; invariant bitwise across the
@@ -160,6 +164,10 @@ def main() -> int:
                           "torch": torch.__version__}
     limit, max_tokens = (2, 4) if args.quick else (24, 32)
     steps = summary["steps"] = {}
+    if "compile" not in skip:
+        steps["compile"] = compile_step(check, args.device)
+        if steps["compile"]["status"] != "ok":
+            return finish(args.out, summary)
     if "kernels" not in skip and gpu:
         r = check.run("kernels", [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                                   "tests/test_kernels_triton.py", "tests/test_engine_triton.py"], 180)
@@ -205,7 +213,34 @@ def main() -> int:
             r.update(load_s=round(meta["timings"]["load_s"], 1), replay_s=round(meta["timings"]["replay_s"], 1),
                      memory=meta.get("memory"), replay=meta.get("replay"))
         steps["big"] = r
-    (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
+    return finish(args.out, summary)
+
+
+def compile_step(check: Check, device: str) -> dict[str, Any]:
+    """The compile check for this GPU's architecture (every default target without one)."""
+    import torch
+
+    from flakecheck.kernels.aot import DEFAULT_TARGETS, TARGETS
+
+    targets = ",".join(DEFAULT_TARGETS)
+    if device.startswith("cuda"):
+        major, minor = torch.cuda.get_device_capability(device)
+        targets = f"sm_{major}{minor}" if f"sm_{major}{minor}" in TARGETS else targets
+    r = check.run("compile", flakecheck("kernels", "compile", "--target", targets, "--json"), 200)
+    if r.get("stdout", "").strip():
+        found = json.loads(r["stdout"].strip().splitlines()[-1])
+        r["targets"] = found["targets"]
+        r["boundaries"] = [f"{b['kernel']} {b['target']} M {b['rows']}/{b['rows'] + 1}: {b['below']} -> "
+                           f"{b['above']}" for b in found["boundaries"]]
+        r["not_fitting"] = [f"{k['kernel']} {k['config']} {k['target']}" for k in found["kernels"]
+                            if not (k["fits"] and k["order_ok"])]
+    r.pop("stdout", None)
+    return r
+
+
+def finish(out: Path, summary: dict[str, Any]) -> int:
+    steps = summary["steps"]
+    (out / "gpu_check.json").write_text(json.dumps(summary, indent=2))
     print_table(summary)
     print(json.dumps(summary))
     bad = [name for name, r in steps.items() if isinstance(r, dict) and r.get("status") in ("failed", "timeout")]
@@ -236,6 +271,10 @@ def print_table(summary: dict[str, Any]) -> None:
                 extra = " ".join(f"bs{b} x{res.get(f'speedup_bs{b}')}" for b in res.get("batch_sizes", ()))
             if r.get("not_invariant"):
                 extra = f"NOT invariant: {r['not_invariant']}"
+            if name == "compile":
+                extra = f"targets {r.get('targets')}; boundaries {r.get('boundaries')}"
+                if r.get("not_fitting"):
+                    extra = f"NOT fitting: {r['not_fitting']}"
             lines.append(f"  {name:15s} {r['status']:8s} {r.get('seconds', ''):>7} s  {extra}")
     print("\n".join(lines))
 

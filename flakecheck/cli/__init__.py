@@ -302,6 +302,22 @@ def kernels_check(
     raise typer.Exit(check_command(device=device, dtype=dtype, backend=backend, json_out=json_out, fresh=fresh))
 
 
+@kernels_app.command("compile", help="Compile every Triton kernel x every launch configuration the engine uses "
+                     "(SmolLM2-135M, Gemma 3 270M, an 8B Llama) for NVIDIA targets, without a GPU: instruction, "
+                     "registers, spills, shared memory, and each matmul's instruction boundaries; exit 1 if one fails "
+                     "to compile, spills, exceeds shared memory, or a boundary is not probed by the self-check."
+                     "\n\nExample: flakecheck kernels compile --target sm_90,sm_100")
+def kernels_compile(
+    target: str = typer.Option("sm_80,sm_89,sm_90,sm_100", help="comma-separated: sm_80 | sm_89 | sm_90 | sm_100 | "
+                               "sm_120"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    jobs: int = typer.Option(0, help="compiler processes (0: one per CPU core)"),
+) -> None:
+    from flakecheck.kernels.compile_check import compile_command
+
+    raise typer.Exit(compile_command(targets=target, json_out=json_out, jobs=jobs or None))
+
+
 @app.command("serve",
              help="The built-in engine behind an OpenAI-compatible API (continuous batching, greedy, top-2 "
              "logprobs).\n\nExample: flakecheck serve --kernels invariant --port 8000")

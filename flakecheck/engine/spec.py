@@ -20,6 +20,7 @@ from flakecheck.kernels.ops import Ops
 from flakecheck.kernels.paths import CHOICES, KernelPaths
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.kernels.registry import get_ops, resolve_backend
+from flakecheck.kernels.tiles import FP_FUSION
 from flakecheck.machine.fingerprint import MachineFingerprint
 from flakecheck.machine.probes import ProbeDims
 from flakecheck.machine.selfcheck import Verification, verify
@@ -64,6 +65,9 @@ class EngineSpec:
             "backend": self.backend, "device": self.device, "profile": self.profile, "dtype": self.dtype,
             "machine": self.machine.to_dict(), "machine_summary": self.machine.describe(),
             "verification": v.to_dict(), "verification_summary": v.summary(), "simulated": self.simulated,
+            # what the Triton kernels' bits follow from beside the machine: the compiler and its FMA contraction
+            "triton": ({"version": self.machine.triton, "enable_fp_fusion": FP_FUSION} if self.backend == "triton"
+                       else None),
         }
 
     @classmethod

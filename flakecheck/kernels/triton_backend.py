@@ -35,6 +35,7 @@ class TritonBackend:
     name = "triton"
     # one kernel a primitive: the CPU paths (FBGEMM, MKL, fallbacks) the self-check chooses among are not Triton's
     paths = FAST
+    interpreted = tk.INTERPRET  # TRITON_INTERPRET=1: numpy on the CPU, no tensor-core instruction to probe
 
     def prepare_linear(self, weight: torch.Tensor, bias: torch.Tensor | None, orders: set[str]) -> LinearWeights:
         return LinearWeights(weight.detach().contiguous(), bias, None, None)  # the kernels read the weight itself

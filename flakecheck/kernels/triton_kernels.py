@@ -11,7 +11,9 @@
   `invariant`, from the split-KV heuristic for `splitk`); program (row, head, split) writes
   the split's max, sum and unnormalised output, combined in split order by `combine_splits`.
 
-fp32 accumulation everywhere; fp32 dots in IEEE precision (never TF32). Under TRITON_INTERPRET=1
+fp32 accumulation everywhere; fp32 dots in IEEE precision (never TF32); every launch passes
+`enable_fp_fusion=FP_FUSION` (off: no multiply-add contracted into an FMA), so the bits do not follow
+Triton's default, which changes in Triton 3.10. Under TRITON_INTERPRET=1
 (tests on CPU) a tile's dot is an fp32 multiply-and-sum instead of `tl.dot`: the interpreter's bf16
 dot is wrong, and its fp32 dot is numpy's BLAS, whose rows depend on the tile height.
 """
@@ -24,6 +26,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from flakecheck.kernels.tiles import FP_FUSION, MatmulTiles, attention_warps, matmul_tiles
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_TENSOR_NUMEL = 1 << 20  # Triton's limit on a block's elements
@@ -41,8 +45,8 @@ def fixed_block_k(k: int) -> int:
     return 64 if k >= 64 else max(16, triton.next_power_of_2(k))
 
 
-def _mn_blocks(m: int, n: int, block_k: int) -> tuple[int, int]:
-    """Output tiles: no row's reduction order depends on them (each output sums over K alone)."""
+def _mn_blocks(m: int, n: int, block_k: int) -> MatmulTiles:
+    """Output tiles and warps: no row's reduction order depends on them (each output sums over K alone)."""
     if INTERPRET:
         # The interpreter pays per program and per loop trip in Python, hardly per element: wide tiles (SmolLM2's
         # LM head in 48 at one row, not 768), within Triton's limit on a block's elements (the fp32 product
@@ -50,8 +54,13 @@ def _mn_blocks(m: int, n: int, block_k: int) -> tuple[int, int]:
         # tile loop still runs more than one where N allows.
         block_m = min(64, max(16, triton.next_power_of_2(m)))
         widest = MAX_TENSOR_NUMEL // (block_m * block_k)
-        return block_m, max(16, min(widest, triton.next_power_of_2(n) // 4))
-    return (16, 64) if m <= 16 else ((64, 64) if m <= 128 else (128, 128))
+        return MatmulTiles(block_m, max(16, min(widest, triton.next_power_of_2(n) // 4)), 4)
+    return matmul_tiles(m)
+
+
+def softmax_block(v: int) -> int:
+    """The log-softmax's lanes: the vocabulary is read in blocks of this many columns."""
+    return min(1024, triton.next_power_of_2(v))
 
 
 @triton.jit
@@ -90,13 +99,13 @@ def matmul_persistent(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | Non
     n = w.shape[0]
     y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_k = fixed_block_k(k)
-    block_m, block_n = _mn_blocks(m, n, block_k)
+    block_m, block_n, warps = _mn_blocks(m, n, block_k)
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     programs = max(1, min(tiles, _num_sms(x.device)))
     _matmul_persistent_kernel[(programs,)](
         x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        NUM_PROGRAMS=programs, UPCAST=INTERPRET,
+        NUM_PROGRAMS=programs, UPCAST=INTERPRET, num_warps=warps, enable_fp_fusion=FP_FUSION,
     )
     return y
 
@@ -132,11 +141,12 @@ def matmul_splitk(x: torch.Tensor, w: torch.Tensor, splits: int, bias: torch.Ten
     n = w.shape[0]
     per_split = math.ceil(math.ceil(k / max(1, splits)) / SPLIT_BLOCK_K) * SPLIT_BLOCK_K
     splits = math.ceil(k / per_split)
-    block_m, block_n = _mn_blocks(m, n, SPLIT_BLOCK_K)
+    block_m, block_n, warps = _mn_blocks(m, n, SPLIT_BLOCK_K)
     ws = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), splits)
     _matmul_splitk_kernel[grid](x, w, ws, m, n, k, x.stride(0), w.stride(0), per_split,
-                                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SPLIT_BLOCK_K, UPCAST=INTERPRET)
+                                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=SPLIT_BLOCK_K, UPCAST=INTERPRET,
+                                num_warps=warps, enable_fp_fusion=FP_FUSION)
     acc = ws[0]
     for s in range(1, splits):
         acc = acc + ws[s]
@@ -177,7 +187,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, splits: int = 0,
     parts = max(splits, 1)
     _rmsnorm_kernel[(x2.shape[0],)](x2, weight.contiguous(), y, shape[-1], eps, math.ceil(shape[-1] / parts),
                                     BLOCK=triton.next_power_of_2(shape[-1]), PARTS=parts,
-                                    SCALE_FP32=weight.dtype == torch.float32)
+                                    SCALE_FP32=weight.dtype == torch.float32, enable_fp_fusion=FP_FUSION)
     return y.view(shape)
 
 
@@ -214,9 +224,9 @@ def log_softmax(logits: torch.Tensor, splits: int = 0, out: torch.Tensor | None 
     shape = logits.shape
     x2 = logits.reshape(-1, shape[-1]).contiguous()
     y = out if out is not None else torch.empty(x2.shape, dtype=torch.float32, device=x2.device)
-    block = min(1024, triton.next_power_of_2(shape[-1]))
     parts = max(splits, 1)
-    _log_softmax_kernel[(x2.shape[0],)](x2, y, shape[-1], math.ceil(shape[-1] / parts), BLOCK=block, PARTS=parts)
+    _log_softmax_kernel[(x2.shape[0],)](x2, y, shape[-1], math.ceil(shape[-1] / parts), BLOCK=softmax_block(shape[-1]),
+                                        PARTS=parts, enable_fp_fusion=FP_FUSION)
     return y.view(shape)
 
 
@@ -281,7 +291,8 @@ def attention_splits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _attention_split_kernel[grid](q.contiguous(), k_cache, v_cache, row_slots, row_limits, row_firsts, m, l_, o,
                                   scale, softcap or 1.0, h, k_cache.shape[2], k_cache.shape[1], split_size,
                                   num_splits, D=d, BLOCK_N=min(block_n, split_size), UPCAST=INTERPRET,
-                                  CAPPED=softcap is not None)
+                                  CAPPED=softcap is not None, num_warps=attention_warps(d),
+                                  enable_fp_fusion=FP_FUSION)
     return m, l_, o
 
 

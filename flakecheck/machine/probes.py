@@ -6,7 +6,9 @@ shapes a run really uses, and `flakecheck kernels check` the default model's.
 
 - rows: every row of a block computed alone, and in batches of 2..33 rows at the start and end of the
   block, in reverse order, twice, and from a misaligned copy, against one batch of the whole block — what
-  simulated replay needs of a row-wise op (a row's bits do not depend on what else the call holds);
+  simulated replay needs of a row-wise op (a row's bits do not depend on what else the call holds). The
+  compiled Triton matmuls also get batches on both sides of every M where their tiles (and with them the
+  tensor-core instruction) change (flakecheck/kernels/tiles.py), in a block tall enough to hold them;
 - attention: a sequence decoded alone against the same sequence inside decode batches and beside a
   prefill; with `axes` also a prefill in chunks against one prefill, and decode against prefill rows —
   what the fixed-order policy promises besides.
@@ -21,6 +23,7 @@ import torch
 
 from flakecheck.kernels.layout import AttentionLayout
 from flakecheck.kernels.ops import Ops
+from flakecheck.kernels.tiles import boundary_rows
 from flakecheck.kernels.weights import LinearWeights
 
 BATCHES = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 33)
@@ -63,12 +66,16 @@ def diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nan_to_num(d, nan=float("inf")).max())
 
 
-def rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, light: bool = False) -> float:
-    """Row invariance of a row-wise op over the block x (BLOCK_ROWS rows); `light`: LIGHT_BATCHES."""
+def rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, light: bool = False,
+         extra: tuple[int, ...] = ()) -> float:
+    """Row invariance of a row-wise op over the block x (BLOCK_ROWS rows); `light`: LIGHT_BATCHES; `extra`: more
+    batch sizes (x is repeated down to hold the largest)."""
+    if extra and max(extra) > x.shape[0]:
+        x = x.repeat(-(-max(extra) // x.shape[0]), *([1] * (x.dim() - 1)))
     whole = fn(x)
     n = x.shape[0]
     worst = diff(fn(x), whole)  # the same call twice: a kernel whose threads race shows here or below
-    for m in LIGHT_BATCHES if light else BATCHES:
+    for m in sorted({*(LIGHT_BATCHES if light else BATCHES), *extra}):
         # one row alone is where libraries change strategy (a GEMV, a reduction split across threads): all
         alone = sorted({0, n // 2, n - 1}) if light else range(n)
         for lo in alone if m == 1 else sorted({0, n - m}):
@@ -95,7 +102,8 @@ def packable_weight(gen: torch.Generator, n: int, k: int, dtype: torch.dtype,
 
 
 def linear_rows(ops: Ops, weights: LinearWeights, order: int, x: torch.Tensor, light: bool = False) -> float:
-    return rows(lambda r: ops.linear(r, weights, groups=((order, slice(None)),)), x, light)
+    extra = boundary_rows(ops.executor.name, interpreted=getattr(ops.executor, "interpreted", False))
+    return rows(lambda r: ops.linear(r, weights, groups=((order, slice(None)),)), x, light, extra)
 
 
 def rmsnorm_rows(ops: Ops, weight: torch.Tensor, order: int, x: torch.Tensor, light: bool = False) -> float:

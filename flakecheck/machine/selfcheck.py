@@ -36,6 +36,7 @@ from flakecheck.kernels.policy import FIXED_ORDERS, KV_SPLIT_SIZE, KernelPolicy,
 from flakecheck.kernels.profiles import MAX_ROW_SPLITS, get_profile
 from flakecheck.kernels.registry import get_ops
 from flakecheck.kernels.tensor_parallel import TP_INVARIANT
+from flakecheck.kernels.tiles import FP_FUSION
 from flakecheck.machine import probes
 from flakecheck.machine.cache import cache_root
 from flakecheck.machine.fingerprint import MachineFingerprint, current, flakecheck_version
@@ -182,7 +183,9 @@ def _cache_key(fingerprint: MachineFingerprint, policy: KernelPolicy, dims: Prob
     facts = {"fingerprint": fingerprint.to_dict(), "policy": policy.name, "dims": asdict(dims), "dtype": str(dtype),
              "profile": profile, "flakecheck": flakecheck_version(), "faults": sorted(active())}
     if backend != "torch":  # the torch twins' entries keep the key they always had
-        facts["backend"] = backend
+        # the compiler's version and its FMA contraction decide the kernels' bits (the fingerprint holds the version
+        # too; named here so that a key never outlives either)
+        facts.update(backend=backend, triton=fingerprint.triton, fp_fusion=FP_FUSION)
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:24]
 
 
