@@ -38,8 +38,9 @@ def matmul_tiles(m: int) -> MatmulTiles:
 
 def attention_warps(head_dim: int) -> int:
     """The attention kernel's warps: a 64-key block of 256-wide heads (Gemma 3) spills registers with 4 on
-    every target (the compile check); the split's reduction order is the same for every batch either way."""
-    return 4 if head_dim <= 128 else 8
+    every target, and since the kernel reads a sliding window's first key so do 64-wide heads (SmolLM2) on sm_80
+    and sm_90 (the compile check); the split's reduction order is the same for every batch either way."""
+    return 4 if head_dim < 64 else 8
 
 
 def tile_boundaries(max_rows: int = MAX_ROWS) -> tuple[int, ...]:
