@@ -223,3 +223,33 @@ def test_noise_is_exactly_where_the_pairings_disagree(va: list[bool], vb: list[b
         assert case.kind == "improvement"
     else:
         assert changed == {False} and case.kind == "same"
+
+
+def suite_lines(cases: list[tuple[str, str, dict]]) -> str:
+    return "".join(json.dumps({"id": i, "input": [{"role": "user", "content": prompt}], "checks": [check]}) + "\n"
+                   for i, prompt, check in cases)
+
+
+@pytest.mark.slow
+def test_diff_runs_two_suites_on_the_default_model(tmp_path, monkeypatch, capsys) -> None:
+    """The one-command path end to end: a check edited so that it can never pass is a regression whatever the
+    model answers; an unchanged case is not; both runs, diff.json and diff.html land in --out."""
+    before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    capital = "What is the capital of France?"
+    before.write_text(suite_lines([("kept", capital, {"type": "icontains", "value": "paris"}),
+                                   ("broken", "Name a colour.", {"type": "not-icontains", "value": "zqzqz"}),
+                                   ("edited", "Say hello.", {"type": "icontains", "value": "hello"})]))
+    after.write_text(suite_lines([("kept", capital, {"type": "icontains", "value": "paris"}),
+                                  ("broken", "Name a colour.", {"type": "icontains", "value": "zqzqz"}),
+                                  ("edited", "Say hello to the world, politely.",
+                                   {"type": "icontains", "value": "hello"})]))
+    out = tmp_path / "out"
+    code, stdout, _ = cli_diff(monkeypatch, capsys, str(before), str(after), "--out", str(out), "--max-tokens", "8",
+                               "--quiet", "--json", "--no-html")
+    data = json.loads(stdout)
+    kinds = {c["case_id"]: c["class"] for c in data["cases"]}
+    assert code == 1 and kinds["broken"] == "regression" and kinds["kept"] != "regression"
+    assert set(kinds) == {"kept", "broken", "edited"} and data["score"]["change_pp"] is not None
+    assert data["a"]["compositions"] == data["b"]["compositions"]  # the same compositions on both sides
+    assert json.loads((out / "diff.json").read_text()) == data and (out / "diff.html").is_file()
+    assert (out / "a" / "meta.json").is_file() and (out / "b" / "meta.json").is_file()

@@ -3,7 +3,9 @@ apply the gate."""
 
 from __future__ import annotations
 
-from flakecheck.data.rundir import RunData
+from pathlib import Path
+
+from flakecheck.data.rundir import RunData, load_run
 from flakecheck.diff.classify import classify
 from flakecheck.diff.gate import gate_failures
 from flakecheck.diff.pairing import pair_cases
@@ -12,8 +14,9 @@ from flakecheck.diff.score import score_change
 from flakecheck.diff.side import Side, side_of
 
 
-def diff_runs(run_a: RunData, run_b: RunData, gate: DiffGate = DiffGate()) -> DiffResult:
-    a, b = side_of(run_a), side_of(run_b)
+def diff_runs(run_a: RunData | str | Path, run_b: RunData | str | Path, gate: DiffGate = DiffGate()) -> DiffResult:
+    """A (before) against B (after): run directories, loaded or by path."""
+    a, b = (side_of(r if isinstance(r, RunData) else load_run(r)) for r in (run_a, run_b))
     pairing = pair_cases(a.case_ids, b.case_ids, a.name, b.name)
     cases = [classify(ia, ib, a.verdicts.get(ia, {}), b.verdicts.get(ib, {}), a.texts.get(ia, {}),
                       b.texts.get(ib, {}), a.reference, b.reference) for ia, ib in pairing.pairs]
