@@ -245,11 +245,26 @@ def test_diff_runs_two_suites_on_the_default_model(tmp_path, monkeypatch, capsys
                                    {"type": "icontains", "value": "hello"})]))
     out = tmp_path / "out"
     code, stdout, _ = cli_diff(monkeypatch, capsys, str(before), str(after), "--out", str(out), "--max-tokens", "8",
+                               "--composition", "name=solo", "--composition", "name=batch4,max_batch=4",
                                "--quiet", "--json", "--no-html")
     data = json.loads(stdout)
     kinds = {c["case_id"]: c["class"] for c in data["cases"]}
     assert code == 1 and kinds["broken"] == "regression" and kinds["kept"] != "regression"
     assert set(kinds) == {"kept", "broken", "edited"} and data["score"]["change_pp"] is not None
-    assert data["a"]["compositions"] == data["b"]["compositions"]  # the same compositions on both sides
+    assert data["a"]["compositions"] == data["b"]["compositions"] == ["solo", "batch4"]
     assert json.loads((out / "diff.json").read_text()) == data and (out / "diff.html").is_file()
     assert (out / "a" / "meta.json").is_file() and (out / "b" / "meta.json").is_file()
+
+
+def test_sides_under_other_compositions_are_compared_and_noted(tmp_path) -> None:
+    a = build(tmp_path / "a", 0)
+    solo_b = [CaseSpec(i, CHECK if i in PLANTED else None, [outputs[1][0]], [1.0] * 8)
+              for i, outputs in {**PLANTED, **UNGRADED}.items()]
+    b = write_run(tmp_path / "b", RunSpec(["solo"], solo_b))
+    result = diff_runs(a, b)
+    assert any("one composition only" in n for n in result.notes)
+    assert any("different compositions" in n for n in result.notes)
+    # B has no spread of its own: a case is noise only where A's compositions disagree
+    by_id = {c.case_id: c for c in result.cases}
+    assert by_id["noise-b"].kind == "regression"  # A passes under all 3, B fails under its only one
+    assert all(c.kind != "noise" or len({passes(x) for x in PLANTED[c.case_id][0]}) > 1 for c in result.cases)

@@ -37,11 +37,14 @@ def _notes(a: Side, b: Side) -> list[str]:
         elif side.record.source == "engine" and not side.record.computer.varies:
             notes.append(f"{name} ran fixed-order kernels ({side.record.computer.policy}): its compositions give "
                          "the same bits, so it shows no batch noise; run it with --kernels splitk to measure it")
-    names_a = [c for c in a.record.composition_names]
-    names_b = [c for c in b.record.composition_names]
+    names_a, names_b = a.record.composition_names, b.record.composition_names
     if names_a != names_b:
-        notes.append(f"the sides were replayed under different compositions (A: {', '.join(names_a)}; B: "
-                     f"{', '.join(names_b)}): each side's own spread is used as it is")
+        notes.append(f"the sides were replayed under different compositions (A: {_names(names_a)}; B: "
+                     f"{_names(names_b)}): each side's own spread is used as it is")
     if bool(a.draws) != bool(b.draws):
         notes.append("only one side has draws from a load: the interval pairs the named compositions")
     return notes
+
+
+def _names(names: list[str], shown: int = 8) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
