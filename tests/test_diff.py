@@ -101,6 +101,7 @@ def test_each_reason_gives_the_pass_rates(pair) -> None:
     assert "A passes under 3 of 3 compositions, B under 2 of 3" in by_id["noise-b"].why
     assert "B's own compositions" in by_id["noise-b"].why
     assert by_id["free"].graded_a == 0 and "no verdict" in by_id["free"].why
+    assert [by_id[i].flaky_on for i in ("noise-a", "noise-b", "noise-c", "reg-1")] == ["both", "B", "A", ""]
 
 
 def test_score_change_and_interval_against_an_independent_count(pair) -> None:

@@ -43,6 +43,7 @@ class CaseDiff:
     shared_answers: int  # distinct answers both sides gave
     text_a: str  # the reference composition's answer
     text_b: str
+    flaky_on: str = ""  # whose own compositions disagree on the verdict: "A", "B", "both" or ""
 
     @property
     def pass_rate_a(self) -> float | None:
@@ -71,9 +72,11 @@ def classify(case_id: str, case_id_b: str, verdicts_a: Mapping[str, bool | None]
     answers_a, answers_b = set(texts_a.values()), set(texts_b.values())
     shared = answers_a & answers_b
     kind, why = _judge(va, vb, len(answers_a), len(answers_b), len(shared))
+    flaky = [name for name, vs in (("A", va), ("B", vb)) if len(set(vs)) > 1]
     return CaseDiff(case_id, case_id_b, kind, why, sum(va), len(va), sum(vb), len(vb),
                     verdicts_a.get(reference_a), verdicts_b.get(reference_b), len(answers_a), len(answers_b),
-                    len(shared), texts_a.get(reference_a, ""), texts_b.get(reference_b, ""))
+                    len(shared), texts_a.get(reference_a, ""), texts_b.get(reference_b, ""),
+                    "both" if len(flaky) == 2 else "".join(flaky))
 
 
 def _judge(va: list[bool], vb: list[bool], n_a: int, n_b: int, n_shared: int) -> tuple[str, str]:

@@ -22,6 +22,8 @@ def diff_markdown(result: DiffResult) -> str:
         lines += [md_text(mixed, 400), ""]
     lines += [md_text(result.raw_sentence(), 400), "", "| class | cases |", "|---|---:|"]
     lines += [f"| {kind} | {result.counts[kind]} |" for kind in CLASSES]
+    if result.noise_line():
+        lines += ["", md_text(result.noise_line(), 300)]
     if result.failures:
         lines += ["", "**Why it failed:**", ""] + [f"- {md_text(f, 500)}" for f in result.failures]
     for note in result.notes:

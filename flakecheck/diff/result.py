@@ -42,6 +42,15 @@ class DiffResult:
             counts[case.kind] += 1
         return counts
 
+    def noise_line(self) -> str | None:
+        """'8 noise: 2 verdict-flaky on A only, 4 on B only (the change made them flaky), 2 on both'."""
+        noise = self.of_kind("noise")
+        if not noise:
+            return None
+        n = {side: sum(c.flaky_on == side for c in noise) for side in ("A", "B", "both")}
+        return (f"{len(noise)} noise: {n['A']} verdict-flaky on A only (B steady), {n['B']} on B only (the change "
+                f"made them flaky), {n['both']} on both")
+
     def of_kind(self, kind: str) -> list[CaseDiff]:
         return [c for c in self.cases if c.kind == kind]
 

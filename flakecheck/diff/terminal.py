@@ -26,6 +26,8 @@ def render_diff(result: DiffResult, console: Console, top: int = 30) -> None:
     console.print(escape(result.raw_sentence()))
     counts = result.counts
     console.print(f"{len(result.cases)} cases: " + " · ".join(f"[{KIND_STYLE[k]}]{counts[k]} {k}[/]" for k in CLASSES))
+    if result.noise_line():
+        console.print(f"  {escape(result.noise_line() or '')}")
     cases = listed(result)
     if cases and top:
         table = Table(title=f"cases that differ ({len(cases)}; the same ones are not listed)", title_justify="left")
