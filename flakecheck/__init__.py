@@ -19,11 +19,11 @@ from flakecheck.machine.pinning import pin as _pin
 _pin()  # before torch loads anywhere through flakecheck: the libraries read these settings once
 
 __version__ = flakecheck_version()
-__all__ = ["__version__", "explain_run", "load_run", "run_suite"]
+__all__ = ["__version__", "diff_runs", "explain_run", "load_run", "run_suite"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("run_suite", "load_run", "explain_run"):
+    if name in ("run_suite", "load_run", "explain_run", "diff_runs"):
         from flakecheck import api
 
         return getattr(api, name)

