@@ -11,6 +11,8 @@
 #   FLK_MAX_TOKENS     new tokens per case unless the case sets its own
 #   FLK_MAX_FLAKY_RATE, FLK_MAX_VERDICT_FLIPS, FLK_MIN_PASS_RATE, FLK_MAX_SCORE_SWING, FLK_BASELINE: the gate's
 #                      thresholds (see `flakecheck gate --help`); unset: the gate's defaults
+#   FLK_DIFF_AGAINST   a run directory from before the change: `flakecheck diff` against it (regressions beyond batch
+#                      noise fail; its markdown joins gate.md, its JUnit is diff.xml)
 #   FLK_OUT            where the run directory, junit.xml and gate.md go                      (default flakecheck-report)
 #   FLK_BIN            the flakecheck command                                                 (default flakecheck)
 #
@@ -49,6 +51,16 @@ code=0
 "${flk[@]}" gate "$run_dir" "${gate[@]}" || code=$?
 if (( code > 1 )); then
     exit "$code"
+fi
+if [[ -n "${FLK_DIFF_AGAINST:-}" ]]; then
+    diff_code=0
+    "${flk[@]}" diff "$FLK_DIFF_AGAINST" "$run_dir" --junit "$out/diff.xml" --markdown "$out/diff.md" \
+        --html "$out/diff.html" || diff_code=$?
+    if (( diff_code > 1 )); then
+        exit "$diff_code"
+    fi
+    { echo; cat "$out/diff.md"; } >> "$out/gate.md"
+    (( diff_code == 1 )) && code=1
 fi
 
 passed=$([[ $code -eq 0 ]] && echo true || echo false)

@@ -90,3 +90,23 @@ def test_a_failed_gate_is_an_output_and_bad_input_is_the_exit_code(tiny_wide_mod
     done, outputs, _ = run_action(tmp_path, tiny_wide_model_dir, FLK_SUITE="missing.yaml", FLK_OUT="b")
     assert done.returncode == 2 and "missing.yaml" in done.stderr
     assert not outputs.exists()
+
+
+def test_diff_against_a_run_from_before_fails_on_a_planted_regression(tiny_wide_model_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    """`diff-against`: the same suite with one assertion made impossible is a regression beyond batch noise."""
+    before = CONFIG.replace("{type: icontains, value: e}", "{type: not-contains, value: 'zq9x'}")
+    assert before != CONFIG
+    (tmp_path / "before.yaml").write_text(before)  # "sea" passes whatever the answer ...
+    (tmp_path / "after.yaml").write_text(before.replace("not-contains", "contains"))  # ... and then never
+    done, _, _ = run_action(tmp_path, tiny_wide_model_dir, FLK_SUITE="before.yaml", FLK_KERNELS="invariant",
+                            FLK_OUT="before")
+    assert done.returncode == 0, done.stderr[-2000:]
+    done, outputs, summary = run_action(tmp_path, tiny_wide_model_dir, FLK_SUITE="after.yaml",
+                                        FLK_KERNELS="invariant", FLK_OUT="after", FLK_DIFF_AGAINST="before/run")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    values = dict(line.split("=", 1) for line in outputs.read_text().splitlines())
+    assert values["passed"] == "false" and values["exit-code"] == "1"
+    markdown = (tmp_path / values["markdown"]).read_text()
+    assert "regression" in markdown and "sea" in markdown
+    assert (tmp_path / "after" / "diff.xml").is_file()
