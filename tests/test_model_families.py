@@ -22,7 +22,7 @@ from flakecheck.kernels.policy import parse_policy
 from tests.machine_paths import engine_ops
 from tests.tiny_models import WINDOW
 
-FAMILIES = ("mistral-window", "qwen2-window", "gemma2", "gemma3", "phi3", "olmo2", "granite")
+FAMILIES = ("mistral-window", "qwen2-window", "gemma2", "gemma3", "phi3", "olmo2", "granite")  # MoE: tests/test_moe.py
 QUESTIONS = [
     "What is the capital of France? Answer in one word, then explain why in a sentence or two.",
     "2 + 2?",
@@ -116,7 +116,9 @@ def test_simulated_replay_is_physical_replay(tiny_model_factory, tmp_path: Path)
                                       check_exact=True)
 
 
-@pytest.mark.parametrize(("architecture", "missing"), [("Qwen3MoeForCausalLM", "mixture-of-experts"),
+@pytest.mark.parametrize(("architecture", "missing"), [("PhimoeForCausalLM", "mixture-of-experts"),
+                                                       ("GptOssForCausalLM", "attention sinks"),
+                                                       ("DeepseekV3ForCausalLM", "latent attention"),
                                                        ("Gemma3ForConditionalGeneration", "vision"),
                                                        ("GPT2LMHeadModel", "no implementation")])
 def test_unsupported_architectures_say_what_is_missing(architecture: str, missing: str) -> None:
