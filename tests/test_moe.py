@@ -7,29 +7,27 @@ replay gives bitwise the traces of replaying each composition alone."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
-import flakecheck
-from flakecheck.data.compositions import Composition
-from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
+from flakecheck.engine import Request, load_model
 from flakecheck.engine.models import model_dims, probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.kernels import BatchLayout, Segment, StepShape
 from flakecheck.kernels.policy import parse_policy, plan_step
-from tests.machine_paths import engine_ops
+from tests.test_model_families import QUESTIONS as FAMILY_QUESTIONS
+from tests.test_model_families import _requests as requests_for
+from tests.test_model_families import (
+    assert_invariant_in_every_composition,
+    assert_simulated_is_physical,
+    assert_splitk_moves,
+)
 
 MOE = ("mixtral", "qwen2-moe", "qwen3-moe", "olmoe")
-QUESTIONS = [
-    "What is the capital of France? Answer in one word, then explain why in a sentence or two.",
-    "2 + 2?",
-    "Write a haiku about the sea, the wind and the morning light over the water.",
-]
+QUESTIONS = FAMILY_QUESTIONS[:3]
 TOKENS = 6
 
 
@@ -39,15 +37,7 @@ def family(request: pytest.FixtureRequest, tiny_model_factory):  # type: ignore[
 
 
 def _requests(model) -> list[Request]:  # type: ignore[no-untyped-def]
-    params = SamplingParams(max_tokens=TOKENS, ignore_eos=True)
-    return [Request(i, encode_prompt(model, [{"role": "user", "content": q}]), params)
-            for i, q in enumerate(QUESTIONS)]
-
-
-def _fingerprints(model, ops, requests, **engine_args) -> dict:  # type: ignore[no-untyped-def]
-    engine = LLMEngine(model, ops, **{"max_num_seqs": len(requests), **engine_args})
-    return {c.request_id: (c.token_ids, c.top1_logprobs, c.top2_ids, c.top2_logprobs)
-            for c in engine.generate(requests)}
+    return requests_for(model, QUESTIONS, TOKENS)
 
 
 def test_an_experts_rows_follow_their_own_steps_routed_count(tiny_wide_factory) -> None:
@@ -70,37 +60,13 @@ def test_an_experts_rows_follow_their_own_steps_routed_count(tiny_wide_factory) 
 
 
 def test_invariant_is_bitwise_in_every_composition(family) -> None:
-    ops = engine_ops("invariant", family.config)
-    requests = _requests(family)
-    solo = {}
-    for r in requests:
-        solo.update(_fingerprints(family, ops, [r]))
-    compositions = {
-        "batched": (requests, {}),
-        "batched, reversed": (requests[::-1], {}),
-        "chunked prefill (7 tokens a step)": (requests, {"max_num_batched_tokens": 7}),
-    }
-    for name, (batch, args) in compositions.items():
-        assert _fingerprints(family, ops, batch, **args) == solo, f"invariant: changed under {name}"
-    engine = LLMEngine(family, ops, max_num_seqs=2, enable_prefix_caching=True)
-    target = requests[0]
-    engine.generate([Request("warm", target.prompt_ids[:-2] + [target.prompt_ids[-1]], target.params)])
-    hit = engine.generate([target])[0]
-    assert hit.cached_prompt_tokens > 0
-    assert (hit.token_ids, hit.top1_logprobs, hit.top2_ids, hit.top2_logprobs) == solo[target.request_id]
+    assert_invariant_in_every_composition(family, _requests(family))
 
 
 @pytest.mark.parametrize("architecture", MOE)
 def test_splitk_moves_the_numbers_with_the_batch(architecture: str, tiny_wide_factory) -> None:
     model = load_model(str(tiny_wide_factory(architecture)), "bfloat16")
-    ops = engine_ops("splitk", model.config)
-    requests = _requests(model)
-    solo = {}
-    for r in requests:
-        solo.update(_fingerprints(model, ops, [r]))
-    batched = _fingerprints(model, ops, requests, max_num_batched_tokens=7)
-    assert _fingerprints(model, ops, requests, max_num_batched_tokens=7) == batched, "same composition, same bits"
-    assert batched != solo, "split-K kernels should change some logprob with the batch"
+    assert_splitk_moves(model, _requests(model))
 
 
 def test_self_check_passes_for_the_experts_shapes(family) -> None:
@@ -115,15 +81,4 @@ def test_self_check_passes_for_the_experts_shapes(family) -> None:
 def test_simulated_replay_is_physical_replay(tiny_wide_factory, tmp_path: Path) -> None:
     """Mixtral under split-K (its experts' down projection splits K=768 in 12 or 8 by the rows routed to it): a
     row's expert order follows its own composition's routed counts in shared passes."""
-    model = load_model(str(tiny_wide_factory("mixtral")), "bfloat16")
-    suite = tmp_path / "s.jsonl"
-    suite.write_text("".join(json.dumps({"id": f"q{i}", "input": q, "max_tokens": 5}) + "\n"
-                             for i, q in enumerate(QUESTIONS)))
-    compositions = [Composition("solo"), Composition("batch4", max_batch=4),
-                    Composition("chunked", max_batch=4, chunk=7), Composition("prefix", prefix_cache=True)]
-    runs = {mode: flakecheck.run_suite(suite, model=model, out=tmp_path / mode, html=False, replay=mode,
-                                       kernels="splitk", compositions=compositions)
-            for mode in ("physical", "simulated")}
-    for table in ("runs", "tokens", "cases"):
-        pd.testing.assert_frame_equal(getattr(runs["physical"], table), getattr(runs["simulated"], table),
-                                      check_exact=True)
+    assert_simulated_is_physical(load_model(str(tiny_wide_factory("mixtral")), "bfloat16"), QUESTIONS, 5, tmp_path)
