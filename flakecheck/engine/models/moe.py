@@ -7,10 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from flakecheck.engine.forward_batch import ForwardBatch
-from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.layers.activation import GATED_ACTIVATIONS
 from flakecheck.engine.layers.linear import Linear
 from flakecheck.engine.layers.moe import Expert, SparseMoE
@@ -19,10 +15,8 @@ from flakecheck.engine.models.decoder import DecoderLM, Weights
 
 
 class MoeLM(DecoderLM):
-    """A decoder whose sparse layers route each row to its top-k experts. After each forward pass, `routing`
-    holds per row the smallest routing margin over its layers, that layer, and the experts chosen per layer."""
-
-    routing: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """A decoder whose sparse layers route each row to its top-k experts (each layer's block keeps its last call's
+    routing margins and chosen experts: `SparseMoE.margins`, `.chosen`)."""
 
     @property
     def experts(self) -> Experts:
@@ -44,14 +38,3 @@ class MoeLM(DecoderLM):
             gate = Linear(ops, w[f"{p}shared_expert_gate.weight"])
         return SparseMoE(ops, Linear(ops, w[f"{p}gate.weight"]), experts, moe.top_k, moe.norm_topk_prob,
                          moe.weights_fp32, shared, gate)
-
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        out = super().forward(batch, cache)
-        blocks = [(i, layer.mlp) for i, layer in enumerate(self.layers) if isinstance(layer.mlp, SparseMoE)]
-        margins = torch.stack([block.margins for _, block in blocks])  # type: ignore[misc]
-        smallest, where = margins.min(dim=0)
-        layer_of = torch.tensor([i for i, _ in blocks], device=where.device)[where]
-        chosen = torch.stack([block.chosen for _, block in blocks], dim=1)  # type: ignore[misc]
-        self.routing = (smallest, layer_of, chosen)
-        return out
-
