@@ -22,7 +22,7 @@ TOLERANCE = 1e-4
 DECODE_STEPS = 32
 # every family, and the windowed variants with prompts longer than their window (tests/tiny_models.py)
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "mistral-window", "qwen2-window", "gemma2", "gemma3", "phi3",
-                 "olmo2", "granite")
+                 "olmo2", "granite", "mixtral", "qwen2-moe", "qwen3-moe", "olmoe")
 
 
 def _hf_logprobs(model_dir: Path, token_ids: list[int]) -> torch.Tensor:

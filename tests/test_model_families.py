@@ -6,6 +6,7 @@ family's shapes; simulated replay gives bitwise the traces of replaying each com
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +23,7 @@ from flakecheck.kernels.policy import parse_policy
 from tests.machine_paths import engine_ops
 from tests.tiny_models import WINDOW
 
-FAMILIES = ("mistral-window", "qwen2-window", "gemma2", "gemma3", "phi3", "olmo2", "granite")
+FAMILIES = ("mistral-window", "qwen2-window", "gemma2", "gemma3", "phi3", "olmo2", "granite")  # MoE: tests/test_moe.py
 QUESTIONS = [
     "What is the capital of France? Answer in one word, then explain why in a sentence or two.",
     "2 + 2?",
@@ -38,10 +39,10 @@ def family(request: pytest.FixtureRequest, tiny_model_factory):  # type: ignore[
     return load_model(str(tiny_model_factory(request.param)), "bfloat16")
 
 
-def _requests(model) -> list[Request]:  # type: ignore[no-untyped-def]
-    params = SamplingParams(max_tokens=TOKENS, ignore_eos=True)
+def _requests(model, questions: list[str] = QUESTIONS, tokens: int = TOKENS) -> list[Request]:  # type: ignore[no-untyped-def]
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     return [Request(i, encode_prompt(model, [{"role": "user", "content": q}]), params)
-            for i, q in enumerate(QUESTIONS)]
+            for i, q in enumerate(questions)]
 
 
 def _fingerprints(model, ops, requests, **engine_args) -> dict:  # type: ignore[no-untyped-def]
@@ -58,8 +59,12 @@ def test_prompts_outrun_the_sliding_window(family) -> None:
 
 
 def test_invariant_is_bitwise_in_every_composition(family) -> None:
+    assert_invariant_in_every_composition(family, _requests(family))
+
+
+def assert_invariant_in_every_composition(family, requests: list[Request]) -> None:  # type: ignore[no-untyped-def]
+    """`invariant`: each request's bits solo = batched (two orders) = chunked = behind a prefix-cache hit."""
     ops = engine_ops("invariant", family.config)
-    requests = _requests(family)
     solo = {}
     for r in requests:
         solo.update(_fingerprints(family, ops, [r]))
@@ -81,8 +86,12 @@ def test_invariant_is_bitwise_in_every_composition(family) -> None:
 @pytest.mark.parametrize("architecture", FAMILIES)
 def test_splitk_moves_the_numbers_with_the_batch(architecture: str, tiny_wide_factory) -> None:
     family = load_model(str(tiny_wide_factory(architecture)), "bfloat16")
+    assert_splitk_moves(family, _requests(family))
+
+
+def assert_splitk_moves(family, requests: list[Request]) -> None:  # type: ignore[no-untyped-def]
+    """`splitk`: the same composition twice gives the same bits, solo and a chunked batch do not."""
     ops = engine_ops("splitk", family.config)
-    requests = _requests(family)
     solo = {}
     for r in requests:
         solo.update(_fingerprints(family, ops, [r]))
@@ -101,11 +110,15 @@ def test_self_check_passes_for_the_family_shapes(family) -> None:
 
 def test_simulated_replay_is_physical_replay(tiny_model_factory, tmp_path: Path) -> None:
     """Gemma 3: local layers with a window shorter than the prompts, global layers with their own RoPE."""
-    model = load_model(str(tiny_model_factory("gemma3")), "bfloat16")
+    assert_simulated_is_physical(load_model(str(tiny_model_factory("gemma3")), "bfloat16"), QUESTIONS, 6, tmp_path)
+
+
+def assert_simulated_is_physical(model, questions: list[str], max_tokens: int,  # type: ignore[no-untyped-def]
+                                 tmp_path: Path) -> None:
+    """Under `splitk`, simulated replay's runs, tokens and cases tables equal physical replay's, bit for bit."""
     suite = tmp_path / "s.jsonl"
-    import json
-    suite.write_text("".join(json.dumps({"id": f"q{i}", "input": q, "max_tokens": 6}) + "\n"
-                             for i, q in enumerate(QUESTIONS)))
+    suite.write_text("".join(json.dumps({"id": f"q{i}", "input": q, "max_tokens": max_tokens}) + "\n"
+                             for i, q in enumerate(questions)))
     compositions = [Composition("solo"), Composition("batch4", max_batch=4),
                     Composition("chunked", max_batch=4, chunk=7), Composition("prefix", prefix_cache=True)]
     runs = {mode: flakecheck.run_suite(suite, model=model, out=tmp_path / mode, html=False, replay=mode,
@@ -116,7 +129,9 @@ def test_simulated_replay_is_physical_replay(tiny_model_factory, tmp_path: Path)
                                       check_exact=True)
 
 
-@pytest.mark.parametrize(("architecture", "missing"), [("Qwen3MoeForCausalLM", "mixture-of-experts"),
+@pytest.mark.parametrize(("architecture", "missing"), [("PhimoeForCausalLM", "mixture-of-experts"),
+                                                       ("GptOssForCausalLM", "attention sinks"),
+                                                       ("DeepseekV3ForCausalLM", "latent attention"),
                                                        ("Gemma3ForConditionalGeneration", "vision"),
                                                        ("GPT2LMHeadModel", "no implementation")])
 def test_unsupported_architectures_say_what_is_missing(architecture: str, missing: str) -> None:

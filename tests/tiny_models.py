@@ -54,6 +54,8 @@ def family_config(architecture: str, common: dict):  # type: ignore[no-untyped-d
     windows shorter than the prompts, soft caps that bite, partial rotary, multipliers)."""
     import transformers as tf
 
+    inter = common["intermediate_size"]
+    moe = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=inter // 2)
     gemma = dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW, layer_types=ALTERNATING,
                  hidden_activation="gelu_pytorch_tanh")
     return {
@@ -74,6 +76,13 @@ def family_config(architecture: str, common: dict):  # type: ignore[no-untyped-d
         "olmo2": lambda: tf.Olmo2Config(**common),
         "granite": lambda: tf.GraniteConfig(**common, embedding_multiplier=6.0, residual_multiplier=0.5,
                                             attention_multiplier=0.2, logits_scaling=2.0),
+        # mixtures of experts, top-2 of 8: a window (Mixtral), a shared expert (Qwen2-MoE), a dense layer (Qwen3-MoE)
+        "mixtral": lambda: tf.MixtralConfig(**common, num_local_experts=8, num_experts_per_tok=2,
+                                            sliding_window=WINDOW),
+        "qwen2-moe": lambda: tf.Qwen2MoeConfig(**common, **moe, shared_expert_intermediate_size=inter,
+                                               norm_topk_prob=False),
+        "qwen3-moe": lambda: tf.Qwen3MoeConfig(**common, **moe, head_dim=16, norm_topk_prob=True, mlp_only_layers=[0]),
+        "olmoe": lambda: tf.OlmoeConfig(**common, num_experts=8, num_experts_per_tok=2),
     }[architecture]()
 
 

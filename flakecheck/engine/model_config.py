@@ -16,6 +16,23 @@ HEAD, PROJECTION = "head", "projection"  # q/k norms per head (Qwen3, Gemma 3) o
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts MLP as the family's config sets it (engine/layers/moe.py runs it)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each routed expert's
+    norm_topk_prob: bool  # the k chosen probabilities renormalised to sum to 1
+    sparse_layers: tuple[bool, ...]  # per layer: routed experts, or the dense MLP of `intermediate_size`
+    shared_intermediate_size: int = 0  # a shared expert beside the routed ones, sigmoid-gated (Qwen2-MoE); 0: none
+    weights_fp32: bool = False  # expert outputs times the fp32 routing weights, rounded after (Mixtral)
+
+    def shapes(self, hidden: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(N, K) of an expert's fused gate+up and of its down projection."""
+        return (2 * self.intermediate_size, hidden), (hidden, self.intermediate_size)
+
+
+@dataclass(frozen=True)
 class Traits:
     """How a family's decoder departs from Llama's; every default is Llama's."""
 
@@ -34,6 +51,7 @@ class Traits:
     logits_divisor: float = 1.0  # Granite's logits_scaling
     layer_windows: tuple[int | None, ...] = ()  # per layer: its sliding window, None for full attention
     layer_rope: tuple[str, ...] = ()  # per layer: which RoPE table it reads (Gemma 3: local and global bases)
+    experts: Experts | None = None  # a mixture of experts: its routed MLP
 
     @property
     def windows(self) -> tuple[int, ...]:

@@ -114,6 +114,19 @@ class BatchLayout:
         return self._groups(("sharded_final", 0, 0), lambda p: ShardOrder(p.tp.size, p.tp.allreduce, p.final),
                             sampling=True)
 
+    def routed(self, rows: torch.Tensor, n: int, k: int) -> Groups:
+        """An expert's (N, K) matmul over the batch rows routed to it (`rows`: their indices, ascending), as
+        groups of positions in that gathered input: each step's rows take the order its plan's expert rule gives
+        the number of that step's rows routed to the expert — a row's order follows its own step's routing
+        alone, however many steps share the forward pass."""
+        bounds = torch.searchsorted(rows, torch.tensor([b for s in self.segments for b in s.rows], device=rows.device))
+        spans = []
+        for i, segment in enumerate(self.segments):
+            lo, hi = int(bounds[2 * i]), int(bounds[2 * i + 1])
+            if segment.plan.experts is None:
+                raise ValueError("the step plan has no rule for routed experts (a dense model's plan)")
+            spans.append((segment.plan.experts.order(hi - lo, n, k), lo, hi))
+        return group_rows(spans, rows.shape[0])
 
 
 @dataclass

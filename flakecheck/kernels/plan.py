@@ -12,17 +12,48 @@ A step also says its tensor parallelism (flakecheck/kernels/tensor_parallel.py):
 all-reduce that sums their partials; its projection orders are those of each rank's shard.
 
 For attention the entry is the number of keys per split (NATIVE for the framework's kernel).
+
+A mixture-of-experts step also carries a rule (`MatmulRule`) rather than orders for its expert matmuls: how
+many rows an expert gets is known only once the router has run inside the forward pass, so the plan says how
+a routed row count becomes an order, by the same heuristics as every other matmul of the step.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from flakecheck.kernels.tensor_parallel import ShardedDims, TensorParallel
+from flakecheck.kernels.profiles import matmul_splits, split_bounds
+from flakecheck.kernels.tensor_parallel import TP_BLOCK, TP_INVARIANT, ShardedDims, TensorParallel
 
 FIXED = 0
 NATIVE = -1
 BLOCKED = -2
+
+
+@dataclass(frozen=True)
+class MatmulRule:
+    """A matmul's order from its shape under a policy's matmul order (`splitk`, `invariant`, `native`,
+    `tp-invariant`) on a device of `sms` SMs."""
+
+    matmul: str
+    sms: int
+
+    def order(self, m: int, n: int, k: int) -> int:
+        """The [m, k] x [k, n] matmul's order: under `splitk` the number of K ranges the heuristic's splits
+        really make (6, 7 and 8 splits of K=576 all cut it into six 96-wide ranges, so that steps computing the
+        same thing share one call); `tp-invariant`: K in TP_BLOCK-wide ranges whatever the batch; fixed or
+        native otherwise."""
+        if self.matmul == "splitk":
+            return len(split_bounds(k, matmul_splits(max(m, 1), n, k, self.sms)))
+        if self.matmul == TP_INVARIANT:
+            return max(1, math.ceil(k / TP_BLOCK))
+        return FIXED if self.matmul == "invariant" else NATIVE
+
+    @property
+    def follows_batch(self) -> bool:
+        """Whether the order depends on the rows a matmul gets (so, for routed experts, on the step's other rows)."""
+        return self.matmul in ("splitk", "native")
 
 
 @dataclass(frozen=True)
@@ -40,6 +71,7 @@ class ModelDims:
     qkv: tuple[int, int] | None = None
     row_parallel: tuple[tuple[int, int], ...] = ()
     windows: tuple[int, ...] = ()  # the sliding windows of layers that have one (keys a query sees, itself included)
+    experts: tuple[tuple[int, int], ...] = ()  # (N, K) of the routed experts' matmuls (a mixture of experts)
 
 
 @dataclass(frozen=True)
@@ -69,6 +101,8 @@ class StepPlan:
     tp: TensorParallel = TensorParallel()  # the ranks, and the all-reduce this step's message size selects
     # (window, keys per split) of the sliding-window layers: a window shortens what a split-KV heuristic sees
     window_kv_splits: tuple[tuple[int, int], ...] = ()
+    # a mixture of experts: how each expert's matmuls take their order from the rows routed to it in this step
+    experts: MatmulRule | None = None
 
     @property
     def attention_splits(self) -> tuple[tuple[int | None, int], ...]:

@@ -15,13 +15,11 @@ log-softmax sums in fixed vocabulary blocks; attention and RMSNorm, which no ran
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from flakecheck.kernels.plan import BLOCKED, FIXED, NATIVE, ModelDims, StepPlan, StepShape
-from flakecheck.kernels.profiles import attention_splits, kv_chunk_size, matmul_splits, row_splits, split_bounds
+from flakecheck.kernels.plan import BLOCKED, FIXED, NATIVE, MatmulRule, ModelDims, StepPlan, StepShape
+from flakecheck.kernels.profiles import attention_splits, kv_chunk_size, row_splits
 from flakecheck.kernels.tensor_parallel import (
-    TP_BLOCK,
     TP_INVARIANT,
     TensorParallel,
     kv_heads_per_rank,
@@ -82,15 +80,9 @@ def parse_policy(spec: str) -> KernelPolicy:
 
 
 def matmul_order(policy: KernelPolicy, m: int, n: int, k: int, sms: int) -> int:
-    """A [m, k] x [k, n] matmul's order: split-K count from the heuristic, fixed, or native. The count
-    is the number of K ranges the splits really make (6, 7 and 8 splits of K=576 all cut it into six
-    96-wide ranges), so that steps computing the same thing share one call. `tp-invariant`: K in
-    TP_BLOCK-wide ranges whatever the batch (and, given the whole K, whatever the TP size)."""
-    if policy.matmul == "splitk":
-        return len(split_bounds(k, matmul_splits(max(m, 1), n, k, sms)))
-    if policy.matmul == TP_INVARIANT:
-        return max(1, math.ceil(k / TP_BLOCK))
-    return FIXED if policy.matmul == "invariant" else NATIVE
+    """A [m, k] x [k, n] matmul's order under the policy: split-K count from the heuristic, fixed, or native
+    (`MatmulRule`)."""
+    return MatmulRule(policy.matmul, sms).order(m, n, k)
 
 
 def norm_order(policy: KernelPolicy, rows: int, sms: int) -> int:
@@ -155,4 +147,5 @@ def plan_step(policy: KernelPolicy, shape: StepShape, dims: ModelDims, sms: int,
         norms=tuple((r, norm_order(policy, rows * r, sms)) for r in dims.norm_rows_per_token),
         final=BLOCKED if policy.norm == TP_INVARIANT else norm_order(policy, samples, sms),
         tp=TensorParallel(size, allreduce),
+        experts=MatmulRule(policy.matmul, sms) if dims.experts else None,
     )

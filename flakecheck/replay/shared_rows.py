@@ -18,7 +18,9 @@ A shape-only sequence (a filler: fixed length, no prefix cache to hand its keys 
 
 Only the leading rows of a sequence's step are shared (a sequence's computed rows stay one run of
 positions, as the attention layout wants), and only under kernels whose rows are batch-invariant
-(simulated replay). A digest is 128 bits of BLAKE2b: a collision is not a practical concern.
+(simulated replay). A mixture of experts under split-K is not: an expert's matmul order follows how many of
+the step's rows the router sent it, so every row of such a step (a filler's too) is computed in its step.
+A digest is 128 bits of BLAKE2b: a collision is not a practical concern.
 """
 
 from __future__ import annotations
@@ -132,7 +134,18 @@ class RowSharing:
         earlier arrangement (a step that moves on to the next pass is not hashed again)."""
         rows: dict[bytes, int] = {}  # rows this step would compute, at the packed rows they would get
         next_row, seqs = current.builder.num_rows, []
+        # routed experts whose matmul order follows how many of the step's rows an expert gets (split-K): a row's
+        # bits depend on every row of its step, so each is computed in its step, fillers included, and shared with
+        # nothing (its digest is random)
+        rowwise = step.plan.experts is None or not step.plan.experts.follows_batch
         for index, (seq, n) in enumerate(step.scheduled):
+            if not rowwise:
+                seqs.append(SeqRows(seq, seq.num_computed, n, [os.urandom(16) for _ in range(n)]))
+                for _ in range(n):
+                    next_row += 1
+                if seqs[-1].samples:
+                    seqs[-1].sample_row = next_row - 1
+                continue
             if seq.shape_only:
                 entry = SeqRows(seq, seq.num_computed, n, [])
                 entry.reused = UNREAD if entry.samples else None
@@ -169,7 +182,7 @@ class RowSharing:
         for entry in seqs:
             seq, start = entry.seq, entry.start
             assert seq.slot is not None
-            if seq.shape_only:
+            if seq.shape_only and not entry.digests:
                 current.skipped += entry.n
                 continue
             for i, source in enumerate(entry.sources):

@@ -119,24 +119,32 @@ class DecoderLM:
         window = t.layer_windows[i] if t.layer_windows else None
         attn = Attention(ops, i, qkv, o_proj, c.num_heads, c.num_kv_heads, c.head_dim, q_norm, k_norm,
                          t.qk_norm or "head", window, t.attention_scale, t.attn_softcap)
-        inter = c.intermediate_size
-        gate_up_sharding = Sharding(COLUMN, lambda n: [torch.cat((s, inter + s)) for s in _slices(inter, n)])
-        if f"{p}mlp.gate_up_proj.weight" in w:
-            gate_up = Linear(ops, w[f"{p}mlp.gate_up_proj.weight"], w.get(f"{p}mlp.gate_up_proj.bias"),
-                             gate_up_sharding)
-        else:
-            biases = [w[f"{p}mlp.{n}.bias"] for n in ("gate_proj", "up_proj")] if f"{p}mlp.gate_proj.bias" in w \
-                else None
-            gate_up = Linear.fused(ops, [w[f"{p}mlp.gate_proj.weight"], w[f"{p}mlp.up_proj.weight"]], biases,
-                                   gate_up_sharding)
-        down = Linear(ops, w[f"{p}mlp.down_proj.weight"], w.get(f"{p}mlp.down_proj.bias"),
-                      Sharding(ROW, lambda n: _slices(inter, n)))
+        mlp = self._mlp(i, w)
         roles = ("attn_in", "attn_out", "mlp_in", "mlp_out")
         norms = {role: norm for role, name in zip(roles, NORM_NAMES[t.norms])
                  if (norm := self._norm(w, name, p)) is not None}
         rope = t.layer_rope[i] if t.layer_rope else ""
-        return DecoderLayer(attn, MLP(gate_up, down, GATED_ACTIVATIONS[t.activation]), norms, rope,
-                            t.residual_multiplier)
+        return DecoderLayer(attn, mlp, norms, rope, t.residual_multiplier)
+
+    def _mlp(self, i: int, w: Weights) -> Any:
+        """Layer i's MLP (a mixture of experts overrides it)."""
+        return self._dense_mlp(w, f"model.layers.{i}.mlp.", self.config.intermediate_size)
+
+    def _dense_mlp(self, w: Weights, prefix: str, inter: int) -> MLP:
+        """The gated MLP whose weights are under `prefix`, `inter` wide."""
+        ops = self.ops
+        gate_up_sharding = Sharding(COLUMN, lambda n: [torch.cat((s, inter + s)) for s in _slices(inter, n)])
+        if f"{prefix}gate_up_proj.weight" in w:
+            gate_up = Linear(ops, w[f"{prefix}gate_up_proj.weight"], w.get(f"{prefix}gate_up_proj.bias"),
+                             gate_up_sharding)
+        else:
+            biases = [w[f"{prefix}{n}.bias"] for n in ("gate_proj", "up_proj")] if f"{prefix}gate_proj.bias" in w \
+                else None
+            gate_up = Linear.fused(ops, [w[f"{prefix}gate_proj.weight"], w[f"{prefix}up_proj.weight"]], biases,
+                                   gate_up_sharding)
+        down = Linear(ops, w[f"{prefix}down_proj.weight"], w.get(f"{prefix}down_proj.bias"),
+                      Sharding(ROW, lambda n: _slices(inter, n)))
+        return MLP(gate_up, down, GATED_ACTIVATIONS[self.config.traits.activation])
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (model dtype) and log-probabilities (fp32) [rows, vocab] at every sampling row."""

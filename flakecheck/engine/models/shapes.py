@@ -23,11 +23,19 @@ def model_dims(c: ModelConfig, act_bytes: int = 2) -> ModelDims:
         (hidden, inter)
     kinds = ((qkv, COLUMN, True), (o_proj, ROW, False), (gate_up, COLUMN, False), (down, ROW, False))
     # a plan holds one order per shape: projections that share a shape must shard alike (else the model
-    # runs unsharded only)
-    shardable = len({shape for shape, _, _ in kinds}) == len(set(kinds))
+    # runs unsharded only); a mixture of experts is never sharded here
+    shardable = len({shape for shape, _, _ in kinds}) == len(set(kinds)) and c.traits.experts is None
+    moe = c.traits.experts
+    if moe is not None:  # the router, the shared expert and its gate; the dense MLP only where a layer has one
+        dense = (gate_up, down) if not all(moe.sparse_layers) else ()
+        shared = moe.shared_intermediate_size
+        extra = ((moe.num_experts, hidden), *(((2 * shared, hidden), (hidden, shared), (1, hidden)) if shared else ()))
+        projections = (qkv, o_proj, *dense, *extra)
+    else:
+        projections = (qkv, o_proj, gate_up, down)
     rows_per_token = (1, heads, kv) if c.traits.qk_norm == HEAD else (1,)
     return ModelDims(
-        projections=tuple(dict.fromkeys(shape for shape, _, _ in kinds)),
+        projections=tuple(dict.fromkeys(projections)),
         lm_head=(c.vocab_size, hidden),
         kv_heads=kv,
         norm_rows_per_token=tuple(dict.fromkeys(rows_per_token)),
@@ -35,6 +43,7 @@ def model_dims(c: ModelConfig, act_bytes: int = 2) -> ModelDims:
         qkv=qkv,
         row_parallel=tuple(dict.fromkeys((o_proj, down))),
         windows=c.traits.windows,
+        experts=moe.shapes(hidden) if moe is not None else (),
     )
 
 
@@ -46,5 +55,6 @@ def probe_dims(c: ModelConfig) -> ProbeDims:
         widths.append(c.head_dim)
     elif c.traits.qk_norm == PROJECTION:
         widths += [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim]
-    return ProbeDims(dims.projections, dims.lm_head, c.num_heads, c.num_kv_heads, c.head_dim,
+    projections = tuple(dict.fromkeys(dims.projections + dims.experts))  # the experts' at every routed row count
+    return ProbeDims(projections, dims.lm_head, c.num_heads, c.num_kv_heads, c.head_dim,
                      tuple(dict.fromkeys(widths)), dims.windows)
