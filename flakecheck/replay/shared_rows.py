@@ -141,8 +141,7 @@ class RowSharing:
         for index, (seq, n) in enumerate(step.scheduled):
             if not rowwise:
                 seqs.append(SeqRows(seq, seq.num_computed, n, [os.urandom(16) for _ in range(n)]))
-                for _ in range(n):
-                    next_row += 1
+                next_row += n
                 if seqs[-1].samples:
                     seqs[-1].sample_row = next_row - 1
                 continue
