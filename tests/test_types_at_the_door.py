@@ -213,3 +213,10 @@ def test_explain_tells_a_run_made_on_a_gpu_by_the_error_type_not_its_text(tmp_pa
         open_run(run.path)
     with pytest.raises(UserError, match="field 'config' does not describe a run: --device 'tpu'"):
         open_run(run.path, device="tpu")
+
+
+def test_run_config_takes_the_values_the_api_may_pass(tmp_path: Path) -> None:
+    policy = parse_policy(PER_CLASS)
+    config = RunConfig.parse(tmp_path / "s.jsonl", kernels=policy, device=CPU)
+    assert config.policy is policy and config.engine.device is CPU
+    assert RunConfig.from_dict(config.to_dict()).policy == policy  # recorded as text, read by the same parser

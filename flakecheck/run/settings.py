@@ -126,7 +126,8 @@ class RunConfig:
 
     @classmethod
     def parse(cls, suite: Path | str, *, model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
-              kernels: str = "splitk", backend: str = "auto", profile: str = "auto", device: str = "auto",
+              kernels: str | KernelPolicy = "splitk", backend: str = "auto", profile: str = "auto",
+              device: str | Device = "auto",
               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
               compositions: Sequence[Composition] | None = None, max_tokens: int = 64, gap_threshold: float = 0.05,
               gap_window: int = 50, repeat: int = 1, limit: int | None = None, ids: Sequence[str] = (),
