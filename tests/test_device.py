@@ -16,7 +16,7 @@ from flakecheck.engine.kv_cache import KVCache, KVCacheTooLarge
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.errors import ModelError, UserError
 from flakecheck.kernels.profiles import get_profile
-from flakecheck.machine.device import resolve_device
+from flakecheck.machine.device import Device, resolve_device
 from flakecheck.run.settings import RunConfig
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -129,10 +129,10 @@ def test_a_model_too_large_for_the_gpu_is_refused_with_what_it_needs(monkeypatch
     gib = 1 << 30
     monkeypatch.setattr(loader, "memory_info", lambda device: (60 * gib, 80 * gib))  # 20 GiB in use elsewhere
     monkeypatch.setattr(loader, "device_name", lambda device: "a GPU")
-    loader.check_fits("big", 16 * gib, "cuda:0", 0.9)  # 16 GiB: 52 GiB allowed (72 - 20)
+    loader.check_fits("big", 16 * gib, Device("cuda:0"), 0.9)  # 16 GiB: 52 GiB allowed (72 - 20)
     with pytest.raises(ModelError, match=r"need 60\.0 GiB on cuda:0 \(a GPU\), but 52\.0 GiB of its 80\.0 GiB"):
-        loader.check_fits("big", 60 * gib, "cuda:0", 0.9)
-    assert loader.kv_budget("big", "cuda:0", 0.9) == 52 * gib
+        loader.check_fits("big", 60 * gib, Device("cuda:0"), 0.9)
+    assert loader.kv_budget("big", Device("cuda:0"), 0.9) == 52 * gib
 
 
 def test_the_kv_cache_stays_within_its_budget() -> None:

@@ -14,10 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from flakecheck.machine.device import Device
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not (INTERPRETED or torch.cuda.is_available()),
                                 reason="needs CUDA or TRITON_INTERPRET=1 (see test_kernels_triton_interpreted.py)")
-DEVICE = "cuda:0" if torch.cuda.is_available() and not INTERPRETED else "cpu"
+DEVICE = Device("cuda:0" if torch.cuda.is_available() and not INTERPRETED else "cpu")
 PROMPTS = ["The capital of France is", "What is 7 * 6? It is", "def add(a, b):"]
 
 

@@ -187,15 +187,16 @@ def test_meta_json_and_the_cache_key_hold_triton_and_its_fusion(monkeypatch: pyt
     from flakecheck.kernels.paths import FAST
     from flakecheck.kernels.policy import KernelPolicy
     from flakecheck.machine import selfcheck
+    from flakecheck.machine.device import CPU, Device
     from flakecheck.machine.fingerprint import current
     from flakecheck.machine.probes import SMOLLM2
 
     machine = current()
     verification = selfcheck.Verification(machine, "invariant", FAST, (), (), (), (), 0.0)
     policy = KernelPolicy.of("invariant")
-    block = EngineSpec(policy, "triton", "cuda:0", "h100", "bfloat16", verification).to_dict()["triton"]
+    block = EngineSpec(policy, "triton", Device("cuda:0"), "h100", "bfloat16", verification).to_dict()["triton"]
     assert block == {"version": triton.__version__, "enable_fp_fusion": tiles.FP_FUSION}
-    assert EngineSpec(policy, "torch", "cpu", "h100", "bfloat16", verification).to_dict()["triton"] is None
+    assert EngineSpec(policy, "torch", CPU, "h100", "bfloat16", verification).to_dict()["triton"] is None
 
     def key() -> str:
         return selfcheck._cache_key(machine, policy, SMOLLM2, torch.bfloat16, "h100", "triton")

@@ -23,7 +23,8 @@ from flakecheck.engine.loader import LoadedModel
 from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
-from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.policy import UNIFORM_POLICIES, KernelPolicy
+from flakecheck.machine.device import CPU, Device
 
 QUESTIONS = [
     "What is the capital of France?", "Name three primary colours.", "How many legs does a spider have?",
@@ -40,6 +41,8 @@ QUESTIONS = [
     "What is the speed of light?", "Tell me a fun fact about octopuses.", "What is an adjective?",
     "Name a fruit that is yellow.", "What is the freezing point of water in Fahrenheit?",
 ]
+
+NATIVE = UNIFORM_POLICIES["native"]  # what `generate` runs: the framework's own kernels
 
 
 @dataclass(frozen=True)
@@ -108,14 +111,14 @@ def weights_pass_ms(hf_model: Any, repeats: int = 7) -> float:
     return 1000 * statistics.median(times[1:])
 
 
-def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device: str = "cpu",
-                  kernels_policy: str = "native") -> dict[str, Any]:
+def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device: Device = CPU,
+                  kernels_policy: KernelPolicy = NATIVE) -> dict[str, Any]:
     """Tokens per second of both sides at every batch size; the two sides alternate round by round. `device`
     (resolved: cpu or cuda:N) holds both; the engine runs `kernels_policy` (native: the framework's own)."""
     threads = os.environ.get("FLAKECHECK_BENCH_THREADS")
     if threads:  # both sides share the process, hence the thread count
         torch.set_num_threads(int(threads))
-    settings = EngineSettings(spec, dtype, KernelPolicy.of(kernels_policy), device=device)
+    settings = EngineSettings(spec, dtype, kernels_policy, device=device)
     model = settings.load()
     prompts = chat_prompts(model, workload.num_prompts)
     start = time.perf_counter()
@@ -124,7 +127,7 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device
     engine = LLMEngine(model, kernels.ops())
     engine_setup_s = time.perf_counter() - start
     start = time.perf_counter()
-    placed = {"device_map": device} if device != "cpu" else {}
+    placed = {"device_map": str(device)} if device.is_cuda else {}
     hf_model = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype, use_safetensors=True,
                                                     **placed).eval()
     hf_setup_s = time.perf_counter() - start
@@ -133,7 +136,7 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device
     # warm both sides up (first-call allocations, lazy imports) outside the timed rounds
     time_engine(engine, prompts[:2], 2, 2)
     time_hf(hf_model, pad_id, prompts[:2], 2, 2)
-    result: dict[str, Any] = {"model": spec, "dtype": dtype, "device": device, "kernels": kernels_policy,
+    result: dict[str, Any] = {"model": spec, "dtype": dtype, "device": device, "kernels": kernels_policy.name,
                               "threads": torch.get_num_threads(),
                               "machine": kernels.machine.describe(), "native_matmul": kernels.paths.native_matmul,
                               **asdict(workload), "engine_setup_s": round(engine_setup_s, 2),
@@ -171,8 +174,8 @@ def run_benchmark(spec: str, workload: Workload, dtype: str = "bfloat16", device
     return result
 
 
-def main(json_out: bool = False, quick: bool = False, device: str = "cpu", model: str = "smollm2",
-         kernels: str = "native") -> None:
+def main(json_out: bool = False, quick: bool = False, device: Device = CPU, model: str = "smollm2",
+         kernels: KernelPolicy = NATIVE) -> None:
     """`model`: one model, or several separated by commas, measured one after the other in this process (e.g.
     smollm2,gemma3-270m: each family's ratio to `generate` on the same box); one JSON line either way."""
     names = [m.strip() for m in model.split(",") if m.strip()]

@@ -27,18 +27,19 @@ from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
 from flakecheck.kernels import AttentionLayout, Ops
-from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.policy import UNIFORM_POLICIES, KernelPolicy
+from flakecheck.machine.device import CPU, Device
 
 POLICIES = ("native", "invariant", "splitk")
 CONTEXT = 128
 
 
-def main(json_out: bool = False, quick: bool = False, device: str = "cpu") -> None:
+def main(json_out: bool = False, quick: bool = False, device: Device = CPU) -> None:
     """`device`: resolved (cpu or cuda:N); on a GPU the split-K and fixed-order orders run as Triton kernels."""
     batch_sizes, repeats = ((1, 16), 2) if quick else ((1, 16, 64), 5)
     torch.manual_seed(0)
     loaded = load_model("smollm2", "bfloat16", device)
-    specs = {policy: resolve_engine(EngineSettings(policy=KernelPolicy.of(policy), device=device),
+    specs = {policy: resolve_engine(EngineSettings(policy=UNIFORM_POLICIES[policy], device=device),
                                     probe_dims(loaded.config)) for policy in POLICIES}
     ops = {policy: spec.ops() for policy, spec in specs.items()}
     models = {policy: build_model(loaded, o) for policy, o in ops.items()}
@@ -83,7 +84,7 @@ def _fp32_copy_bytes(model) -> int:
     return sum(lin.weights.w32.numel() * 4 for lin in linears if lin.weights.w32 is not None)
 
 
-def _op_cases(loaded: LoadedModel, batch: int, device: str) -> dict[str, Callable[[Ops], Callable[[], object]]]:
+def _op_cases(loaded: LoadedModel, batch: int, device: Device) -> dict[str, Callable[[Ops], Callable[[], object]]]:
     c, dtype = loaded.config, loaded.dtype
     layer = "model.layers.0."
     shapes = {
@@ -143,10 +144,10 @@ def engine_step(model, loaded: LoadedModel, batch: int, query_len: int = 1, cont
     return lambda: runner.forward([step])
 
 
-def interleaved(calls: dict[str, Callable[[], object]], repeats: int, device: str = "cpu") -> dict[str, float]:
+def interleaved(calls: dict[str, Callable[[], object]], repeats: int, device: Device = CPU) -> dict[str, float]:
     """The median seconds of each call, the calls taking turns (after one warm-up each; on a GPU, Triton's
     compilation too, and each timing waits for the kernels it launched)."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = torch.cuda.synchronize if device.is_cuda else (lambda: None)
     for call in calls.values():  # warm-up: allocator, first-touch of caches
         call()
     sync()

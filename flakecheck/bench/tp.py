@@ -30,7 +30,7 @@ from flakecheck.engine import build_model, load_model
 from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
-from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.policy import UNIFORM_POLICIES
 from flakecheck.run.engine_source import run_suite
 
 COMPOSITIONS = (Composition("solo"), Composition("batch8", max_batch=8), Composition("tp3", tp=3),
@@ -72,7 +72,7 @@ def main(json_out: bool = False, quick: bool = False, cases: int | None = None, 
 
 def _cost(loaded: Any, repeats: int) -> dict[str, Any]:
     """Decode-step seconds per policy and batch, and each policy's time over the fixed order's."""
-    policies = {name: KernelPolicy.of(name) for name in POLICIES}
+    policies = {name: UNIFORM_POLICIES[name] for name in POLICIES}
     others = tuple(p for name, p in policies.items() if name != "invariant")
     spec = resolve_engine(EngineSettings.parse(kernels="invariant"), probe_dims(loaded.config), also=others)
     network = build_model(loaded, spec.ops(also_plans=others))

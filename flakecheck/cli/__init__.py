@@ -354,10 +354,17 @@ def kernels_check(
     backend: str = typer.Option("auto", help="auto | torch | triton"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
     fresh: bool = typer.Option(False, "--fresh", help="run the self-check again instead of reading its cache"),
+    kernels: list[str] = typer.Option([], help="a policy `run --kernels` takes (tp-invariant, or one per op class: "
+                                      "matmul=splitk,attention=invariant,norm=invariant), measured and self-checked "
+                                      "beside splitk, invariant, native and tp-invariant; repeatable"),
 ) -> None:
+    from flakecheck.engine.settings import parse_kernels
     from flakecheck.machine.check import check_command
+    from flakecheck.machine.device import Device
 
-    raise typer.Exit(check_command(device=device, dtype=dtype, backend=backend, json_out=json_out, fresh=fresh))
+    policies = tuple(parse_kernels(k) for k in kernels)
+    raise typer.Exit(check_command(device=Device.parse(device), dtype=dtype, backend=backend, json_out=json_out,
+                                   fresh=fresh, policies=policies))
 
 
 @kernels_app.command("compile", help="Compile every Triton kernel x every launch configuration the engine uses "
@@ -437,26 +444,27 @@ def bench_cli(
                                "cuda:N; the other benchmarks measure the CPU"),
     model: str = typer.Option("smollm2", help="engine: the model (smollm2 | gemma3-270m | a Hugging Face directory | "
                               "FILE.gguf), or several separated by commas, measured side by side in one process"),
-    kernels: str = typer.Option("native", help="engine: the engine's kernels (native: the framework's own, what "
-                                "`generate` runs; splitk | invariant)"),
+    kernels: str = typer.Option("native", help="engine: the engine's kernels, any policy `run --kernels` takes "
+                                "(native: the framework's own, what `generate` runs; splitk | invariant | "
+                                "tp-invariant | one per op class: matmul=splitk,attention=invariant,norm=invariant)"),
 ) -> None:
     import importlib
 
-    from flakecheck.machine.device import resolve_device
+    from flakecheck.engine.settings import parse_kernels
+    from flakecheck.machine.device import Device
 
     targets = ("engine", "kernels", "run", "pinning", "scale", "calibration", "tp")
     if target not in targets:
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
-    resolved = resolve_device(device)
-    if resolved != "cpu" and target not in ("engine", "kernels") and device != "auto":
+    resolved = Device.parse(device)
+    policy = parse_kernels(kernels)
+    if resolved.is_cuda and target not in ("engine", "kernels") and device != "auto":
         raise UserError(f"--device {device}: bench {target} measures the CPU; --device applies to bench engine and "
                         "bench kernels")
     module = importlib.import_module(f"flakecheck.bench.{target}")
     extra: dict = {"cases": cases, "repeats": repeats} if target in ("run", "pinning", "tp") else {}
     if target == "engine":
-        if kernels not in ("native", "splitk", "invariant"):
-            raise UserError(f"--kernels must be native, splitk or invariant, got {kernels!r}")
-        extra = {"device": resolved, "model": model, "kernels": kernels}
+        extra = {"device": resolved, "model": model, "kernels": policy}
     if target == "kernels":
         extra = {"device": resolved}
     if target == "run" and ray is not None:

@@ -17,8 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-WHOLE_ORDERS = ("splitk", "invariant", "native", "tp-invariant")  # a policy with one order for every op class
-
 
 @dataclass(frozen=True)
 class Computer:
@@ -145,7 +143,9 @@ def _computer(meta: Mapping[str, Any]) -> Computer:
     policy = str(meta.get("policy", "?"))  # a server's, or an older engine run's flat fields
     if policy == "server":
         return Computer.server(str(meta.get("backend", "?")))
-    orders = (policy,) * 3 if policy in WHOLE_ORDERS else ()
+    # a policy's name is one bare order exactly when every op class follows it (KernelPolicy.name), so the
+    # name is that order three times; a per-class name (class=order,...) left no orders in the flat fields
+    orders = (policy,) * 3 if policy != "?" and "=" not in policy else ()
     return Computer(policy, str(meta.get("backend", "?")), str(meta.get("profile", "?")), op_orders=orders)
 
 

@@ -14,7 +14,7 @@ from flakecheck.engine.models import build_model as build_network
 from flakecheck.engine.prefix_cache import PrefixCache
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels import Ops, get_ops
-from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.policy import UNIFORM_POLICIES
 from flakecheck.kernels.tensor_parallel import TensorParallel
 
 __all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt", "kv_cache",
@@ -40,7 +40,7 @@ class LLMEngine:
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = False,
                  network: CausalLM | None = None) -> None:
         self.loaded = model
-        self.model = network if network is not None else build_model(model, ops or get_ops(KernelPolicy.of("native")))
+        self.model = network if network is not None else build_model(model, ops or get_ops(UNIFORM_POLICIES["native"]))
         self.ops = self.model.ops
         self.cache = kv_cache(model, max_num_seqs)
         self.runner = ModelRunner(self.model, self.cache)

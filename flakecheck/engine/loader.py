@@ -31,7 +31,7 @@ from flakecheck.engine.packaged_models import DEFAULT_MODEL, PACKAGED_MODELS
 from flakecheck.errors import ModelError
 from flakecheck.kernels.registry import DTYPES
 from flakecheck.machine.cache import cache_root
-from flakecheck.machine.device import device_name, is_cuda, memory_info
+from flakecheck.machine.device import CPU, Device, device_name, memory_info
 
 
 @dataclass
@@ -44,7 +44,7 @@ class LoadedModel:
     dtype: torch.dtype
     eos_token_ids: frozenset[int]
     from_cache: bool
-    device: str = "cpu"  # where the weights live, and so the KV cache and every step's tensors
+    device: Device = CPU  # where the weights live, and so the KV cache and every step's tensors
     kv_budget_bytes: int | None = None  # on a GPU: what the KV cache may take (--gpu-memory-utilization)
 
 
@@ -139,7 +139,7 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def load_model(spec: str = DEFAULT_MODEL, dtype: torch.dtype | str = torch.bfloat16, device: str = "cpu",
+def load_model(spec: str = DEFAULT_MODEL, dtype: torch.dtype | str = torch.bfloat16, device: Device = CPU,
                gpu_memory_utilization: float = 0.9) -> LoadedModel:
     """The model's config, tokenizer and weights, the weights on `device` (resolved: cpu or cuda:N) in `dtype`.
     On a GPU, ModelError (exit 2) before loading when the weights do not fit in `gpu_memory_utilization` of it."""
@@ -147,7 +147,7 @@ def load_model(spec: str = DEFAULT_MODEL, dtype: torch.dtype | str = torch.bfloa
         return _load_model(spec, dtype, device, gpu_memory_utilization)
 
 
-def _load_model(spec: str, dtype: torch.dtype | str, device: str, utilization: float) -> LoadedModel:
+def _load_model(spec: str, dtype: torch.dtype | str, device: Device, utilization: float) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     if isinstance(dtype, str):
@@ -159,14 +159,14 @@ def _load_model(spec: str, dtype: torch.dtype | str, device: str, utilization: f
     packaged = PACKAGED_MODELS.get(spec)
     if packaged is not None and packaged.chat_template and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = packaged.chat_template  # the model's own, which its GGUF does not carry
-    if is_cuda(device):
+    if device.is_cuda:
         check_fits(spec, weight_bytes(path, dtype), device, utilization)
     weights = _load_weights(path, dtype, spec, device)
     eos = set()
     for source in (hf_config, _generation_config(path, GenerationConfig), tokenizer):
         value = getattr(source, "eos_token_id", None)
         eos.update(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
-    budget = kv_budget(spec, device, utilization) if is_cuda(device) else None
+    budget = kv_budget(spec, device, utilization) if device.is_cuda else None
     return LoadedModel(spec, path, config, tokenizer, weights, dtype, frozenset(eos), from_cache, device, budget)
 
 
@@ -184,7 +184,7 @@ def weight_bytes(path: Path, dtype: torch.dtype) -> int:
     return total
 
 
-def check_fits(spec: str, needed: int, device: str, utilization: float) -> None:
+def check_fits(spec: str, needed: int, device: Device, utilization: float) -> None:
     """ModelError (exit 2) when `needed` bytes of weights do not fit in the share of the GPU the run may take."""
     info = memory_info(device)
     assert info is not None
@@ -198,7 +198,7 @@ def check_fits(spec: str, needed: int, device: str, utilization: float) -> None:
             f"memory, --dtype bfloat16 instead of float32, or a higher --gpu-memory-utilization")
 
 
-def kv_budget(spec: str, device: str, utilization: float) -> int:
+def kv_budget(spec: str, device: Device, utilization: float) -> int:
     """With the weights loaded: what the KV cache may take of the GPU (as vLLM sizes it, the used share of the
     whole GPU up to `utilization`). ModelError (exit 2) when nothing is left."""
     info = memory_info(device)
@@ -219,7 +219,7 @@ def _generation_config(path: Path, cls: Any) -> Any:
         return None
 
 
-def _load_weights(path: Path, dtype: torch.dtype, spec: str, device: str) -> dict[str, torch.Tensor]:
+def _load_weights(path: Path, dtype: torch.dtype, spec: str, device: Device) -> dict[str, torch.Tensor]:
     """Checkpoint loading through transformers, safetensors only (never unpickle a checkpoint). On a GPU each
     shard goes straight to the device in `dtype`: no host copy of the whole checkpoint, no fp32 staging."""
     if not any(path.glob("*.safetensors")):
@@ -228,7 +228,7 @@ def _load_weights(path: Path, dtype: torch.dtype, spec: str, device: str) -> dic
         )
     from transformers import AutoModelForCausalLM
 
-    placed = {"device_map": device} if is_cuda(device) else {}
+    placed = {"device_map": str(device)} if device.is_cuda else {}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, **placed)
     weights = {name: t.detach() for name, t in model.state_dict().items()}
     if "lm_head.weight" in weights and model.config.tie_word_embeddings:

@@ -8,21 +8,24 @@ takes the type: `resolve_engine` (the self-check on this machine), `get_ops`, se
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flakecheck.engine.loader import DEFAULT_MODEL, LoadedModel, load_model
 from flakecheck.errors import UserError
-from flakecheck.kernels.policy import KernelPolicy, parse_policy
-from flakecheck.kernels.profiles import DEFAULT_PROFILE, get_profile, profile_for_sms
-from flakecheck.kernels.registry import BACKENDS, DTYPES, resolve_backend
-from flakecheck.machine.device import device_sms, resolve_device
+from flakecheck.kernels.policy import UNIFORM_POLICIES, KernelPolicy, parse_policy
+from flakecheck.kernels.profiles import DEFAULT_PROFILE, get_profile
+from flakecheck.kernels.registry import BACKENDS, DTYPES, backend_for
+from flakecheck.machine.device import CPU, Device, profile_of
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default: the weights and the KV cache together, of the whole GPU
 
 
-def parse_kernels(text: str, flag: str = "--kernels") -> KernelPolicy:
-    """The policy a setting names; UserError (exit 2) naming the flag."""
+def parse_kernels(text: str | KernelPolicy, flag: str = "--kernels") -> KernelPolicy:
+    """The policy a setting names (the one parse of a policy's text: the CLI's, the Python API's, meta.json's);
+    UserError (exit 2) naming the flag. A KernelPolicy the Python API was given passes as it is."""
+    if isinstance(text, KernelPolicy):
+        return text
     try:
         return parse_policy(text)
     except ValueError as exc:
@@ -33,11 +36,13 @@ def parse_kernels(text: str, flag: str = "--kernels") -> KernelPolicy:
 class EngineSettings:
     model: str = DEFAULT_MODEL  # smollm2 | a Hugging Face directory | FILE.gguf | a hub id
     dtype: str = "bfloat16"
-    policy: KernelPolicy = KernelPolicy.of("splitk")
+    policy: KernelPolicy = UNIFORM_POLICIES["splitk"]
     backend: str = "auto"  # auto | torch | triton
     profile: str = DEFAULT_PROFILE  # the device profile the split-K heuristics follow
-    device: str = "cpu"  # resolved: cpu | cuda:N
+    device: Device = CPU  # resolved: cpu | cuda:N
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION  # on a GPU: the share weights + KV cache take
+    # the backend the kernels run on, resolved once from `backend`, the policy and the device: torch | triton
+    kernels_backend: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, KernelPolicy):
@@ -52,26 +57,25 @@ class EngineSettings:
             get_profile(self.profile)
         except ValueError as exc:
             raise UserError(f"--profile: {exc}") from None
-        if self.device != "cpu" and not self.device.startswith("cuda:"):
-            raise TypeError(f"EngineSettings.device is resolved (cpu or cuda:N; parse text with resolve_device), "
-                            f"got {self.device!r}")
+        if not isinstance(self.device, Device):
+            raise TypeError(f"EngineSettings.device is a resolved Device (parse text with Device.parse), got "
+                            f"{self.device!r}")
         utilization = self.gpu_memory_utilization
         if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
             raise UserError(f"--gpu-memory-utilization must be in (0, 1], got {utilization!r}")
-        if self.policy.name != "native":  # native runs the framework's own kernels, whatever the backend
-            try:
-                resolve_backend(self.backend, self.device)
-            except ValueError as exc:
-                raise UserError(str(exc)) from None
+        try:
+            object.__setattr__(self, "kernels_backend", backend_for(self.policy, self.backend, self.device))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
 
     @classmethod
-    def parse(cls, *, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", kernels: str = "splitk",
-              backend: str = "auto", profile: str = "auto", device: str = "auto",
+    def parse(cls, *, model: str = DEFAULT_MODEL, dtype: str = "bfloat16", kernels: str | KernelPolicy = "splitk",
+              backend: str = "auto", profile: str = "auto", device: str | Device = "auto",
               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> EngineSettings:
         """From the options' text (the CLI's, the API's, meta.json's). `device` auto: CUDA when torch sees a
         GPU; `profile` auto: on a GPU its own SM count, on the CPU the default simulated GPU (h100)."""
         policy = parse_kernels(kernels)
-        resolved = resolve_device(device)
+        resolved = Device.parse(device)
         return cls(model=model, dtype=dtype, policy=policy, backend=backend,
                    profile=resolve_profile(profile, resolved), device=resolved,
                    gpu_memory_utilization=gpu_memory_utilization)
@@ -89,7 +93,7 @@ class EngineSettings:
                 "gpu_memory_utilization": self.gpu_memory_utilization}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], device: str | None = None) -> EngineSettings:
+    def from_dict(cls, data: dict[str, Any], device: str | Device | None = None) -> EngineSettings:
         """Settings meta.json recorded; `device` runs them on another device than the recorded one."""
         known = ("model", "dtype", "kernels", "backend", "profile", "device")
         text = {k: str(data[k]) for k in known if data.get(k) is not None}
@@ -100,9 +104,7 @@ class EngineSettings:
                          else float(utilization))
 
 
-def resolve_profile(profile: str, device: str) -> str:
-    """`auto`: a GPU's own SM count (a named profile when one has it), the default simulated GPU on the CPU."""
-    if str(profile).strip().lower() != "auto":
-        return str(profile).strip().lower()
-    sms = device_sms(device)
-    return profile_for_sms(sms) if sms is not None else DEFAULT_PROFILE
+def resolve_profile(profile: str, device: Device) -> str:
+    """`auto`: the device's own profile (machine/device.py `profile_of`), else the named one."""
+    name = str(profile).strip().lower()
+    return profile_of(device) if name == "auto" else name

@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
-from flakecheck.engine.settings import EngineSettings
+from flakecheck.engine.settings import EngineSettings, parse_kernels
 from flakecheck.errors import UserError
 from flakecheck.kernels.ops import Ops
 from flakecheck.kernels.paths import CHOICES, KernelPaths
-from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.kernels.registry import get_ops, resolve_backend
+from flakecheck.kernels.policy import OP_CLASSES, KernelPolicy
+from flakecheck.kernels.registry import get_ops
 from flakecheck.kernels.tiles import FP_FUSION
+from flakecheck.machine.device import Device
 from flakecheck.machine.fingerprint import MachineFingerprint
 from flakecheck.machine.probes import ProbeDims
 from flakecheck.machine.selfcheck import Verification, verify
@@ -30,7 +31,7 @@ from flakecheck.machine.selfcheck import Verification, verify
 class EngineSpec:
     policy: KernelPolicy
     backend: str  # resolved: torch | triton
-    device: str  # cpu | cuda:N
+    device: Device
     profile: str
     dtype: str
     verification: Verification
@@ -72,8 +73,11 @@ class EngineSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineSpec:
-        """The spec meta.json's `engine` block records (its op classes' orders, not the policy's text)."""
-        return cls(KernelPolicy(**data["op_classes"]), str(data["backend"]), str(data["device"]),
+        """The spec meta.json's `engine` block records (the policy read by the one parser from its op classes'
+        orders, which every version recorded, rather than from its name)."""
+        classes = data["op_classes"]
+        policy = parse_kernels(",".join(f"{c}={classes[c]}" for c in OP_CLASSES), "engine.op_classes")
+        return cls(policy, str(data["backend"]), Device(str(data["device"])),
                    str(data["profile"]), str(data["dtype"]), Verification.from_dict(data["verification"]))
 
 
@@ -85,14 +89,14 @@ def resolve_engine(settings: EngineSettings, dims: ProbeDims, *, use_cache: bool
     (explain's one-mechanism variants): each is verified too, and every primitive takes the most conservative
     path any of them needed."""
     policy, dtype, device = settings.policy, getattr(torch, settings.dtype), settings.device
-    resolved = "torch" if policy.name == "native" else resolve_backend(settings.backend, device)
+    resolved = settings.kernels_backend
     verification = verify(policy, dims, dtype, settings.profile, use_cache=use_cache, device=device,
                           backend=resolved)
     if verification.refused:
         raise UserError(refusal(policy, verification))
     for other in also:
         extra = verify(other, dims, dtype, settings.profile, use_cache=use_cache, device=device,
-                       backend="torch" if other.name == "native" else resolved)
+                       backend="torch" if other.all_native else resolved)
         if extra.refused:
             raise UserError(refusal(other, extra))
         verification = replace(verification, paths=conservative(verification.paths, extra.paths))

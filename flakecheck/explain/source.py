@@ -22,6 +22,7 @@ from flakecheck.data.traces import run_label
 from flakecheck.engine import LoadedModel
 from flakecheck.errors import UserError
 from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.machine.device import DeviceError
 from flakecheck.replay import CaseRequest
 from flakecheck.run.engine_source import case_requests
 from flakecheck.run.settings import RunConfig
@@ -101,9 +102,11 @@ def open_run(run_dir: str | Path, suite: str | Path | None = None, device: str |
                         f"{meta.get('source')!r}, no 'config' block): explain and repro replay through the engine")
     try:
         config = RunConfig.from_dict(meta["config"], device=device)
-    except UserError as exc:
-        if device is None and str(exc).startswith("--device"):  # made on a GPU this machine lacks
+    except DeviceError as exc:
+        if device is None:  # made on a GPU this machine lacks
             raise UserError(f"{where}: the run's device: {exc} (--device cpu explains it on this machine)") from None
+        raise UserError(f"{where}: field 'config' does not describe a run: {exc}") from None
+    except UserError as exc:
         raise UserError(f"{where}: field 'config' does not describe a run: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise UserError(f"{where}: field 'config' does not describe a run: {exc}") from None

@@ -53,16 +53,24 @@ class KernelPolicy:
         return ",".join(f"{cls}={getattr(self, cls)}" for cls in OP_CLASSES)
 
     @property
+    def all_native(self) -> bool:
+        """Every op class on the framework's own kernels: no Triton kernel and no twin is planned."""
+        return self.matmul == self.attention == self.norm == "native"
+
+    @property
     def physical(self) -> bool:
         """Whether results depend on the physical batch (the framework's own kernels somewhere)."""
         return "native" in (self.matmul, self.attention, self.norm)
 
 
+UNIFORM_POLICIES = {order: KernelPolicy.of(order) for order in ORDERS}  # one order for every op class, by name
+
+
 def parse_policy(spec: str) -> KernelPolicy:
     """`splitk`, `invariant`, `native`, or `class=order,...` over matmul, attention, norm. ValueError if bad."""
     text = spec.strip()
-    if text in ORDERS:
-        return KernelPolicy.of(text)
+    if text in UNIFORM_POLICIES:
+        return UNIFORM_POLICIES[text]
     orders: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = (p.strip() for p in part.partition("="))

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-
-import torch
+from typing import Protocol
 
 from flakecheck.kernels.ops import Ops
 from flakecheck.kernels.paths import FAST, KernelPaths
@@ -12,22 +11,36 @@ from flakecheck.kernels.policy import ORDERS, KernelPolicy
 from flakecheck.kernels.profiles import get_profile
 from flakecheck.kernels.torch_backend import TorchBackend
 
+
+class OnDevice(Protocol):
+    """A resolved flakecheck Device (flakecheck/machine/device.py, a layer above) or the torch.device a tensor
+    carries: both say their `type`, `cpu` or `cuda`."""
+
+    @property
+    def type(self) -> str: ...
+
+
 POLICIES = ORDERS  # the whole-model policies: splitk, invariant, native
 BACKENDS = ("auto", "torch", "triton")
 DTYPES = ("bfloat16", "float16", "float32")  # the model dtypes: torch's names (getattr(torch, name))
 
 
-def triton_runs_on(device: torch.device | str) -> bool:
+def _on_gpu(device: OnDevice | None) -> bool:
+    return device is not None and device.type == "cuda"  # None: the CPU
+
+
+def triton_runs_on(device: OnDevice | None) -> bool:
     """Whether the Triton kernels can run on `device`: a GPU, or the CPU under TRITON_INTERPRET=1 (slow; for
     tests on small shapes)."""
-    return torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return _on_gpu(device) or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def resolve_backend(backend: str, device: torch.device | str) -> str:
-    """`auto` means Triton on CUDA and the torch twins on CPU. ValueError naming the choices."""
+def resolve_backend(backend: str, device: OnDevice | None) -> str:
+    """`auto` means Triton on CUDA and the torch twins on CPU. ValueError naming the choices. `device`: a
+    resolved Device (flakecheck/machine/device.py) or the torch.device a tensor carries; both say `.type`."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    on_gpu = torch.device(device).type == "cuda"
+    on_gpu = _on_gpu(device)
     if backend == "auto":
         return "triton" if on_gpu else "torch"
     if backend == "torch" and on_gpu:
@@ -40,14 +53,20 @@ def resolve_backend(backend: str, device: torch.device | str) -> str:
     return backend
 
 
+def backend_for(policy: KernelPolicy, backend: str, device: OnDevice | None) -> str:
+    """The backend a policy's kernels run on: `torch` for all-native (the framework's own ops, no Triton),
+    else `backend` resolved for the device."""
+    return "torch" if policy.all_native else resolve_backend(backend, device)
+
+
 def get_ops(policy: KernelPolicy, backend: str = "auto", profile: str = "h100",
-            device: torch.device | str = "cpu", fast_cpu_matmuls: bool = True,
+            device: OnDevice | None = None, fast_cpu_matmuls: bool = True,
             also_plans: tuple[KernelPolicy, ...] = (), paths: KernelPaths = FAST) -> Ops:
     """The Ops of a policy; `also_plans`: other policies whose steps the same weights must run (one mechanism
     at a time); `paths`: the implementation of each primitive (the machine's self-check chooses them; the
     torch backend's). ValueError naming the choices on a bad backend or profile."""
     get_profile(profile)
-    resolved = "torch" if policy.name == "native" else resolve_backend(backend, device)  # native: no Triton
+    resolved = backend_for(policy, backend, device)
     orders = frozenset(p.matmul for p in also_plans)
     if resolved == "triton":
         from flakecheck.kernels.triton_backend import TritonBackend  # imports triton, absent on some machines

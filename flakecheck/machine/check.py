@@ -28,58 +28,60 @@ from rich.table import Table
 from flakecheck.errors import UserError
 from flakecheck.kernels.ops import Ops
 from flakecheck.kernels.paths import FAST
-from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.kernels.profiles import DEFAULT_PROFILE, profile_for_sms
-from flakecheck.kernels.registry import DTYPES, POLICIES, get_ops, resolve_backend
+from flakecheck.kernels.policy import UNIFORM_POLICIES, KernelPolicy
+from flakecheck.kernels.profiles import DEFAULT_PROFILE
+from flakecheck.kernels.registry import DTYPES, backend_for, get_ops, resolve_backend
 from flakecheck.machine import probes
-from flakecheck.machine.device import device_sms, resolve_device
+from flakecheck.machine.device import CPU, Device, profile_of
 from flakecheck.machine.probes import BLOCK_ROWS, SMOLLM2
 from flakecheck.machine.selfcheck import Verification, verify
 
 VERIFIED = ("invariant", "splitk")
 
 
-def check_command(device: str = "cpu", dtype: str = "bfloat16", backend: str = "auto", json_out: bool = False,
-                  fresh: bool = False) -> int:
-    device = resolve_device(device)
-    _check(device, dtype, backend)
+def check_command(device: Device = CPU, dtype: str = "bfloat16", backend: str = "auto", json_out: bool = False,
+                  fresh: bool = False, policies: tuple[KernelPolicy, ...] = ()) -> int:
+    """`device` resolved, `policies` parsed (the CLI's --kernels): measured and self-checked beside the
+    whole-model ones."""
+    resolved = _check(device, dtype, backend)
     torch_dtype = getattr(torch, dtype)
-    resolved = resolve_backend(backend, device)
-    sms = device_sms(device)
-    profile = profile_for_sms(sms) if sms is not None else DEFAULT_PROFILE  # a GPU's own split heuristics
-    verdicts = {p: verify(KernelPolicy.of(p), SMOLLM2, torch_dtype, profile, use_cache=not fresh, device=device,
-                          backend=resolved) for p in VERIFIED}
-    results = run_matrix(torch.device(device), torch_dtype, backend, verdicts, profile)
+    profile = profile_of(device)  # a GPU's own split heuristics
+    matrix = {**UNIFORM_POLICIES, **{p.name: p for p in policies}}
+    verdicts = {name: verify(matrix[name], SMOLLM2, torch_dtype, profile, use_cache=not fresh, device=device,
+                             backend=backend_for(matrix[name], resolved, device))
+                for name in (*VERIFIED, *(p.name for p in policies))}
+    results = run_matrix(device, torch_dtype, resolved, verdicts, profile, matrix)
     fingerprint = verdicts["invariant"].fingerprint
     if json_out:
         print(json.dumps({"device": device, "dtype": dtype, "machine": fingerprint.to_dict(),
                           "machine_summary": fingerprint.describe(), "results": results,
                           "selfcheck": {p: v.to_dict() for p, v in verdicts.items()}}))
     else:
-        _print(results, device, dtype, backend, verdicts)
+        _print(results, device, dtype, backend, verdicts, tuple(matrix))
     failed = [r for r in results if r["policy"] == "invariant" and not r["invariant"]]
     return 1 if failed or verdicts["invariant"].refused else 0
 
 
-def _check(device: str, dtype: str, backend: str) -> None:
-    """UserError (exit 2) naming the first bad option."""
+def _check(device: Device, dtype: str, backend: str) -> str:
+    """The backend resolved for the device; UserError (exit 2) naming the first bad option."""
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     try:
-        resolve_backend(backend, device)
+        return resolve_backend(backend, device)
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
 
-def run_matrix(device: torch.device, dtype: torch.dtype, backend: str, verdicts: dict[str, Verification],
-               profile: str = DEFAULT_PROFILE) -> list[dict[str, Any]]:
+def run_matrix(device: Device, dtype: torch.dtype, backend: str, verdicts: dict[str, Verification],
+               profile: str = DEFAULT_PROFILE, matrix: dict[str, KernelPolicy] = UNIFORM_POLICIES,
+               ) -> list[dict[str, Any]]:
     """Every (policy, op, check) of the matrix with its largest difference."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     checks = _checks(gen, dtype, device)
     results = []
-    for policy in POLICIES:
+    for policy, kernel_policy in matrix.items():
         paths = verdicts[policy].paths if policy in verdicts else FAST
-        ops = get_ops(KernelPolicy.of(policy), backend, profile, device, paths=paths)
+        ops = get_ops(kernel_policy, backend, profile, device, paths=paths)
         for (op, check), probe in checks.items():
             diff = probe(ops)
             results.append({"policy": policy, "op": op, "check": check, "invariant": diff == 0.0,
@@ -88,7 +90,7 @@ def run_matrix(device: torch.device, dtype: torch.dtype, backend: str, verdicts:
 
 
 def _checks(gen: torch.Generator, dtype: torch.dtype,
-            device: torch.device) -> dict[tuple[str, str], Callable[[Ops], float]]:
+            device: Device) -> dict[tuple[str, str], Callable[[Ops], float]]:
     dims = SMOLLM2
     weights = [probes.packable_weight(gen, n, k, dtype, device) for n, k in (*dims.projections, dims.lm_head)]
     hidden = dims.lm_head[1]
@@ -112,12 +114,12 @@ def _checks(gen: torch.Generator, dtype: torch.dtype,
     }
 
 
-def _print(results: list[dict[str, Any]], device: str, dtype: str, backend: str,
-           verdicts: dict[str, Verification]) -> None:
+def _print(results: list[dict[str, Any]], device: Device, dtype: str, backend: str,
+           verdicts: dict[str, Verification], columns: tuple[str, ...]) -> None:
     table = Table(title=f"kernel invariance probes — device {device}, dtype {dtype}, backend {backend}")
     table.add_column("op")
     table.add_column("check")
-    for policy in POLICIES:
+    for policy in columns:
         table.add_column(policy, justify="right")
     cells: dict[tuple[str, str], dict[str, str]] = {}
     for r in results:
@@ -128,7 +130,7 @@ def _print(results: list[dict[str, Any]], device: str, dtype: str, backend: str,
             text = "invariant" if ok else f"[yellow]varies {r['max_abs_diff']:.2e}[/]"
         cells.setdefault((r["op"], r["check"]), {})[r["policy"]] = text
     for (op, check), row in cells.items():
-        table.add_row(op, check, *(row[p] for p in POLICIES))
+        table.add_row(op, check, *(row[p] for p in columns))
     console = Console()
     console.print(table)
     total = len(cells)

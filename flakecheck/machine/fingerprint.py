@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from flakecheck.machine.device import driver_version
+from flakecheck.machine.device import CPU, Device, driver_version
 from flakecheck.machine.pinning import PINS, cpu_flags, settings
 
 # The flags that select kernels in MKL, oneDNN, FBGEMM and ATen: their presence is what matters
@@ -83,14 +83,14 @@ class MachineFingerprint:
         return cls(**values)
 
 
-def current(device: str = "cpu") -> MachineFingerprint:
+def current(device: Device = CPU) -> MachineFingerprint:
     """This process's fingerprint (the thread count and settings as they are now)."""
     import torch
 
     cpu, vendor = _cpu_model()
     flags = cpu_flags()
     where = "cpu"
-    if device.startswith("cuda") and torch.cuda.is_available():
+    if device.is_cuda and torch.cuda.is_available():
         where = gpu_description(device)
     return MachineFingerprint(
         device=where, cpu=cpu, vendor=vendor, arch=platform.machine(),
@@ -101,12 +101,12 @@ def current(device: str = "cpu") -> MachineFingerprint:
     )
 
 
-def gpu_description(device: str) -> str:
+def gpu_description(device: Device) -> str:
     """What decides a GPU kernel's bits beside the libraries: the GPU, its architecture and SM count (the
     split heuristics read it), the CUDA runtime torch was built with and the driver."""
     import torch
 
-    props = torch.cuda.get_device_properties(device)
+    props = torch.cuda.get_device_properties(device.index)
     return (f"cuda:{props.name} sm_{props.major}{props.minor} {props.multi_processor_count} SMs, CUDA "
             f"{torch.version.cuda}, driver {driver_version() or 'unknown'}")
 

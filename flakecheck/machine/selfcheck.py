@@ -39,6 +39,7 @@ from flakecheck.kernels.tensor_parallel import TP_INVARIANT
 from flakecheck.kernels.tiles import FP_FUSION
 from flakecheck.machine import probes
 from flakecheck.machine.cache import cache_root
+from flakecheck.machine.device import CPU, Device
 from flakecheck.machine.fingerprint import MachineFingerprint, current, flakecheck_version
 from flakecheck.machine.probes import BLOCK_ROWS, ProbeDims
 
@@ -135,7 +136,7 @@ class _Context:
     dtype: torch.dtype
     sms: int
     make_ops: Callable[[KernelPaths], Any]
-    device: torch.device = torch.device("cpu")  # where the probes' tensors are made and the kernels run
+    device: Device = CPU  # where the probes' tensors are made and the kernels run
     kv_probe: dict[str, int] = field(default_factory=dict)  # the attention probe's size, when not the default
     backend: str = "torch"  # torch (the twins, with their CPU paths) or triton (one kernel a primitive)
     interpreted: bool = False  # Triton under its CPU interpreter: the lighter probes above
@@ -150,7 +151,7 @@ class _Context:
 
 
 def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: str = "h100",
-           make_ops: Callable[[KernelPaths], Any] | None = None, use_cache: bool = True, device: str = "cpu",
+           make_ops: Callable[[KernelPaths], Any] | None = None, use_cache: bool = True, device: Device = CPU,
            backend: str = "torch") -> Verification:
     """The self-check for `policy` on this machine's `device` (cpu or cuda:N) with the kernels of `backend`
     (resolved: torch or triton), from the cache when it was made before."""
@@ -166,8 +167,8 @@ def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: s
         def make_ops(paths: KernelPaths) -> Any:
             return get_ops(policy, backend, profile, device, paths=paths)
 
-    interpreted = backend == "triton" and not device.startswith("cuda")
-    result = run_checks(_Context(policy, dims, dtype, get_profile(profile).sms, make_ops, torch.device(device),
+    interpreted = backend == "triton" and not device.is_cuda
+    result = run_checks(_Context(policy, dims, dtype, get_profile(profile).sms, make_ops, device,
                                  INTERPRETED_KV_PROBE if interpreted else {}, backend, interpreted), fingerprint)
     if use_cache:
         _store(path, result)

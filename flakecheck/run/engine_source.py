@@ -40,7 +40,7 @@ from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import GraderSpec, grader_spec
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.kernels.tensor_parallel import TP_INVARIANT, check_size
-from flakecheck.machine.device import peak_memory
+from flakecheck.machine.device import Device, peak_memory
 from flakecheck.machine.fingerprint import in_force
 from flakecheck.replay import CaseRequest, replay_runs
 from flakecheck.replay.cluster import Cluster, ClusterSettings
@@ -80,7 +80,8 @@ class PreparedRun:
 
 
 def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_MODEL, dtype: str = "bfloat16",
-              kernels: str = "splitk", backend: str = "auto", profile: str = "auto", device: str = "auto",
+              kernels: str | KernelPolicy = "splitk", backend: str = "auto", profile: str = "auto",
+              device: str | Device = "auto",
               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
               compositions: Sequence[Composition] | None = None, max_tokens: int = 64, gap_threshold: float = 0.05,
               gap_window: int = 50, repeat: int = 1, limit: int | None = None, ids: Sequence[str] = (),
@@ -91,7 +92,8 @@ def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_M
               sample_seed: int = 0, sample_tp: str | Sequence[int] = (1,), resume: bool = False,
               progress: bool = False) -> RunData:
     """Replay `suite` under each composition and write a run directory; returns it loaded. The options are
-    `flakecheck run`'s; `model` may be a model loaded before (its dtype is the run's)."""
+    `flakecheck run`'s; `model` may be a model loaded before (its dtype is the run's); `kernels` and `device` may
+    be text or the values it parses to (a KernelPolicy, a Device)."""
     loaded = model if isinstance(model, LoadedModel) else None
     config = RunConfig.parse(
         suite.path if isinstance(suite, Suite) else Path(suite), model=loaded.spec if loaded else str(model),

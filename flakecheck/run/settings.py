@@ -23,7 +23,8 @@ from flakecheck.engine.settings import DEFAULT_GPU_MEMORY_UTILIZATION, EngineSet
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import check_timeout, grader_argv
-from flakecheck.kernels.policy import KernelPolicy
+from flakecheck.kernels.policy import UNIFORM_POLICIES, KernelPolicy
+from flakecheck.machine.device import Device
 
 REPLAY_MODES = ("auto", "simulated", "physical")
 
@@ -125,7 +126,8 @@ class RunConfig:
 
     @classmethod
     def parse(cls, suite: Path | str, *, model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
-              kernels: str = "splitk", backend: str = "auto", profile: str = "auto", device: str = "auto",
+              kernels: str | KernelPolicy = "splitk", backend: str = "auto", profile: str = "auto",
+              device: str | Device = "auto",
               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
               compositions: Sequence[Composition] | None = None, max_tokens: int = 64, gap_threshold: float = 0.05,
               gap_window: int = 50, repeat: int = 1, limit: int | None = None, ids: Sequence[str] = (),
@@ -220,7 +222,7 @@ class RunConfig:
         """The same run with fixed-order kernels everywhere, into a new directory: confirms the fix (the
         tp-invariant order where the compositions' TP sizes differ: fixed-order kernels do not hold those)."""
         tp_varies = len({(c.tp, c.allreduce if c.tp > 1 else "") for c in self.compositions}) > 1
-        fixed = self.engine.with_policy(KernelPolicy.of("tp-invariant" if tp_varies else "invariant"))
+        fixed = self.engine.with_policy(UNIFORM_POLICIES["tp-invariant" if tp_varies else "invariant"])
         return self.with_changes(engine=fixed, out=None).command()
 
     # ------------------------------------------------------------------------------- what is recorded
@@ -243,7 +245,7 @@ class RunConfig:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], device: str | None = None) -> RunConfig:
+    def from_dict(cls, data: Mapping[str, Any], device: str | Device | None = None) -> RunConfig:
         """A config read back from meta.json. Its compositions list the draws too: they are drawn again,
         identically, from the recorded load (a file's histogram is in the record: the file may have gone).
         `device`: replay on another device than the recorded one (`auto`, `cpu`, `cuda:N`)."""
