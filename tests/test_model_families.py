@@ -51,6 +51,14 @@ def _fingerprints(model, ops, requests, **engine_args) -> dict:  # type: ignore[
             for c in engine.generate(requests)}
 
 
+def _solo(model, ops, requests) -> dict:  # type: ignore[no-untyped-def]
+    """Each request's fingerprint served alone."""
+    solo: dict = {}
+    for r in requests:
+        solo.update(_fingerprints(model, ops, [r]))
+    return solo
+
+
 def test_prompts_outrun_the_sliding_window(family) -> None:
     windows = family.config.traits.windows
     if windows:
@@ -65,9 +73,7 @@ def test_invariant_is_bitwise_in_every_composition(family) -> None:
 def assert_invariant_in_every_composition(family, requests: list[Request]) -> None:  # type: ignore[no-untyped-def]
     """`invariant`: each request's bits solo = batched (two orders) = chunked = behind a prefix-cache hit."""
     ops = engine_ops("invariant", family.config)
-    solo = {}
-    for r in requests:
-        solo.update(_fingerprints(family, ops, [r]))
+    solo = _solo(family, ops, requests)
     compositions = {
         "batched": (requests, {}),
         "batched, reversed": (requests[::-1], {}),
@@ -92,9 +98,7 @@ def test_splitk_moves_the_numbers_with_the_batch(architecture: str, tiny_wide_fa
 def assert_splitk_moves(family, requests: list[Request]) -> None:  # type: ignore[no-untyped-def]
     """`splitk`: the same composition twice gives the same bits, solo and a chunked batch do not."""
     ops = engine_ops("splitk", family.config)
-    solo = {}
-    for r in requests:
-        solo.update(_fingerprints(family, ops, [r]))
+    solo = _solo(family, ops, requests)
     batched = _fingerprints(family, ops, requests, max_num_batched_tokens=7)
     assert _fingerprints(family, ops, requests, max_num_batched_tokens=7) == batched, "same composition, same bits"
     assert batched != solo, "split-K kernels should change some logprob with the batch"
