@@ -44,7 +44,7 @@ gemma3-setup: setup
 
 test: setup browser vllm-setup harness-setup ray-setup promptfoo-setup gemma3-setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 	$(MAKE) wheel-check
 
 # Install as users do: sdist -> wheel -> a fresh venv without -e; every --help, a two-case run and explain.

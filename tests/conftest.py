@@ -48,3 +48,15 @@ def tiny_wide_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Still tiny, but with reductions long enough (K = 256, 768) for split-K to split."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-wide"), "llama", init_std=0.05, hidden_size=256,
                             intermediate_size=768, num_heads=4)
+
+
+# The modules that take minutes go first: `make test` runs pytest-xdist with whole files per worker
+# (--dist loadfile), which hands files out in collection order, so a long file started last would leave the
+# other worker idle while it finishes. The real vLLM server (mostly one busy core) runs beside everything else.
+LONG_FIRST = ("test_vllm.py", "test_harness_real.py", "test_gemma3.py", "test_ray.py", "test_moe.py",
+              "test_model_families.py", "test_promptfoo_real.py", "test_engine_parity.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable: the rest keep their order
