@@ -61,9 +61,10 @@ def _solo(model, ops, requests) -> dict:  # type: ignore[no-untyped-def]
 
 def test_prompts_outrun_the_sliding_window(family) -> None:
     windows = family.config.traits.windows
-    if windows:
-        assert windows == (WINDOW,) or windows == (WINDOW + 4,)
-        assert min(len(r.prompt_ids) for r in _requests(family)) > max(windows)
+    if not windows:
+        pytest.skip("this family attends to every key: no window to outrun")
+    assert windows == (WINDOW,) or windows == (WINDOW + 4,)
+    assert min(len(r.prompt_ids) for r in _requests(family)) > max(windows)
 
 
 def test_invariant_is_bitwise_in_every_composition(family) -> None:
