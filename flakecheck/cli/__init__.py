@@ -9,12 +9,14 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from flakecheck.cli.imports import import_app
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
+from flakecheck.reports.formats import format_help
 
 app = typer.Typer(
     add_completion=False,
@@ -27,6 +29,15 @@ kernels_app = typer.Typer(
 )
 app.add_typer(kernels_app, name="kernels")
 app.add_typer(import_app, name="import")
+
+
+def format_option(command: str) -> Any:
+    """`--format`, the same option on every command that renders (flakecheck/reports/formats.py)."""
+    return typer.Option([], "--format", metavar="NAME[=PATH]", help=format_help(command))
+
+
+def deprecated(flag: str) -> str:
+    return f"deprecated: {flag}"
 
 
 @app.command("run",
@@ -167,8 +178,9 @@ def conformance_cli(
     resume: bool = typer.Option(False, help="continue an interrupted check in --out"),
     timeout: float = typer.Option(600.0, help="seconds per HTTP attempt"),
     retries: int = typer.Option(5, help="retries per request (timeouts, resets, 429, 5xx), with backoff"),
-    json_out: bool = typer.Option(False, "--json", help="print conformance.json instead of the table"),
-    markdown: Path | None = typer.Option(None, help="also write the markdown table to this file"),
+    format: list[str] = format_option("conformance"),
+    json_out: bool = typer.Option(False, "--json", help=deprecated("--format json")),
+    markdown: Path | None = typer.Option(None, help=deprecated("--format markdown=PATH")),
     quiet: bool = typer.Option(False, help="no progress lines"),
 ) -> None:
     from flakecheck.cli.conformance import conformance_from_cli
@@ -178,20 +190,22 @@ def conformance_cli(
                                limit=limit, targets=targets, max_tokens=max_tokens, max_batch=max_batch, burst=burst,
                                chunk_budget=chunk_budget, seed=seed, expect=expect, out=out, timeout=timeout,
                                retries=retries)
-    raise typer.Exit(conformance_from_cli(config, resume=resume, json_out=json_out, markdown=markdown, quiet=quiet))
+    raise typer.Exit(conformance_from_cli(config, resume=resume, json_out=json_out, markdown=markdown, quiet=quiet,
+                                         formats=format))
 
 
 @app.command("compare",
              help="Hold two diagnoses of one suite against each other (e.g. a simulated run and a probe).\n\n"
-             "Example: flakecheck compare reports/sim reports/vllm --json")
+             "Example: flakecheck compare reports/sim reports/vllm --format json")
 def compare_cli(
     run_a: Path = typer.Argument(..., help="run directory A (its predicted flip probability is the predictor)"),
     run_b: Path = typer.Argument(..., help="run directory B (its divergences are what is predicted)"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    format: list[str] = format_option("compare"),
+    json_out: bool = typer.Option(False, "--json", help=deprecated("--format json")),
 ) -> None:
     from flakecheck.reports.compare import compare_command
 
-    raise typer.Exit(compare_command(run_a, run_b, json_out=json_out))
+    raise typer.Exit(compare_command(run_a, run_b, json_out=json_out, formats=format))
 
 
 @app.command("diff",
@@ -210,10 +224,12 @@ def compare_cli(
 def diff_cli(
     a: Path = typer.Argument(..., help="before: a run directory, or a suite file"),
     b: Path = typer.Argument(..., help="after: a run directory, or a suite file"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
-    markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
-    html: Path | None = typer.Option(None, help="write the HTML page here"),
-    junit: Path | None = typer.Option(None, help="write JUnit XML here (a regression fails, noise is flaky)"),
+    format: list[str] = format_option("diff"),
+    json_out: bool = typer.Option(False, "--json", help=deprecated("--format json")),
+    markdown: Path | None = typer.Option(None, help=deprecated("--format markdown=PATH")),
+    html: Path | None = typer.Option(None, help=deprecated("--format html=PATH")),
+    junit: Path | None = typer.Option(None, help=deprecated("--format junit=PATH") + " (a regression fails, noise "
+                                      "is flaky)"),
     max_regressions: int = typer.Option(0, help="fail when more cases regress beyond batch noise"),
     max_score_drop: float | None = typer.Option(0.0, help="fail when every pairing of compositions shows the score "
                                                 "drop by more than this many percentage points"),
@@ -249,7 +265,7 @@ def diff_cli(
                           no_html=no_html)
     raise typer.Exit(diff_from_cli(a, b, options, model_b=model_b, out=out, quiet=quiet, json_out=json_out,
                                    markdown=markdown, html=html, junit=junit, max_regressions=max_regressions,
-                                   max_score_drop=max_score_drop, top=top))
+                                   max_score_drop=max_score_drop, top=top, formats=format))
 
 
 @app.command("report",
@@ -257,8 +273,8 @@ def diff_cli(
              "Example: flakecheck report reports/demo-20261201T120000Z --format markdown")
 def report_cli(
     run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
-    format: str = typer.Option("terminal", "--format", help="terminal | markdown | json"),
-    html: Path | None = typer.Option(None, help="also write the HTML report to this file"),
+    format: list[str] = format_option("report"),
+    html: Path | None = typer.Option(None, help="also write the HTML report to this file (--format html=PATH)"),
     top: int = typer.Option(10, help="how many cases to list by risk"),
 ) -> None:
     from flakecheck.cli.report import report_command
@@ -268,7 +284,7 @@ def report_cli(
 
 @app.command("gate",
              help="A CI regression gate over a run directory: exit 1 when it fails.\n\n"
-             "Example: flakecheck gate reports/now --baseline reports/main --max-flaky-rate 0.05 --junit flakes.xml")
+             "Example: flakecheck gate reports/now --baseline reports/main --max-flaky-rate 0.05 --format junit=flakes.xml")
 def gate_cli(
     run_dir: Path = typer.Argument(..., help="the run directory to judge"),
     baseline: Path | None = typer.Option(None, help="a run directory to compare against"),
@@ -276,8 +292,9 @@ def gate_cli(
     max_verdict_flips: int | None = typer.Option(None, help="fail when more cases flip their verdict"),
     fail_on_new_fragile: bool = typer.Option(False, help="with --baseline: fail on newly fragile cases too"),
     quarantine: Path | None = typer.Option(None, help="file of case ids with reason and expiry"),
-    junit: Path | None = typer.Option(None, help="write JUnit XML here"),
-    markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
+    format: list[str] = format_option("gate"),
+    junit: Path | None = typer.Option(None, help=deprecated("--format junit=PATH")),
+    markdown: Path | None = typer.Option(None, help=deprecated("--format markdown=PATH")),
     max_score_swing: float | None = typer.Option(None, help="fail when the score swing (best-case minus worst-case "
                                                  "score over compositions) exceeds this many percentage points"),
     max_flip_probability: float | None = typer.Option(None, help="fail when a case may flip in more than this "
@@ -294,7 +311,7 @@ def gate_cli(
         run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
         fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
         max_score_swing=max_score_swing, max_flip_probability=max_flip_probability, max_score_std=max_score_std,
-        min_pass_rate=min_pass_rate,
+        min_pass_rate=min_pass_rate, formats=format,
     ))
 
 
@@ -306,7 +323,8 @@ def gate_cli(
 def explain_cli(
     run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
     ids: str | None = typer.Option(None, help="only these diverged case ids, comma-separated"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    format: list[str] = format_option("explain"),
+    json_out: bool = typer.Option(False, "--json", help=deprecated("--format json")),
     steps_after: int = typer.Option(4, help="replay each case this many tokens past its first divergence"),
     grader: str | None = typer.Option(None, help="grade the fixed outputs with this command (default: the run's "
                                       "grader, else the suite's checks)"),
@@ -327,7 +345,7 @@ def explain_cli(
 
     raise typer.Exit(explain_from_cli(run_dir, ids, json_out, steps_after, grader, grader_timeout, suite,
                                       not no_fixes, top, quiet, ray, workers, cpus_per_worker, allow_mixed_devices,
-                                      device))
+                                      device, formats=format))
 
 
 @app.command("repro",
