@@ -4,7 +4,7 @@ first under the same settings; then the report (terminal or JSON), the files ask
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,26 +25,17 @@ from flakecheck.diff.terminal import render_diff
 from flakecheck.errors import UserError
 from flakecheck.gate.gate import _append_step_summary as append_step_summary
 from flakecheck.reports.formats import HTML, JSON, JUNIT, MARKDOWN, TERMINAL, choose_outputs, write_files
+from flakecheck.run.options import OPTIONS
 from flakecheck.run.pipeline import RunInterrupted
-from flakecheck.run.settings import parse_ids
 
 
-def run_options(*, model: str | None, dtype: str | None, kernels: str | None, device: str | None,
-                compositions: Path | None, composition: list[str] | None, max_tokens: int | None,
-                repeat: int | None, limit: int | None, ids: str | None, input_format: str | None,
-                grader: str | None, sample: int | None, load: str | None, seed: int | None,
-                no_html: bool) -> dict[str, Any]:
-    """The run options given on the command line, as run_suite's keywords (those not given are left out)."""
-    given = {"model": model, "dtype": dtype, "kernels": kernels, "device": device, "max_tokens": max_tokens,
-             "repeat": repeat, "limit": limit, "input_format": input_format, "grader": grader, "sample": sample,
-             "load": load, "sample_seed": seed}
-    options = {k: v for k, v in given.items() if v is not None}
-    if compositions is not None or composition:
-        options["compositions"] = resolve_compositions(compositions, composition or [])
-    if ids is not None:
-        options["ids"] = parse_ids(ids)
-    if no_html:
-        options["html"] = False
+def run_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The run options given on the command line (None, or a switch left off: not given), as run_suite's
+    keywords (flakecheck/run/options.py)."""
+    cli = {name: value for name, value in given.items() if value is not None and value is not False}
+    options = {name: OPTIONS[name].api_value(value) for name, value in cli.items() if OPTIONS[name].in_config}
+    if cli.get("compositions_file") is not None or cli.get("composition"):
+        options["compositions"] = resolve_compositions(cli.get("compositions_file"), cli.get("composition") or [])
     return options
 
 

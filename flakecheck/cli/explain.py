@@ -18,7 +18,7 @@ from flakecheck.reports.formats import JSON, MARKDOWN, TERMINAL, choose_outputs,
 from flakecheck.reports.json_report import explain_dict
 from flakecheck.reports.markdown import explanation_lines
 from flakecheck.reports.terminal import render_explanation
-from flakecheck.run.settings import parse_ids
+from flakecheck.run.options import parse_ids
 
 
 def explain_from_cli(run_dir: Path, ids: str | None, json_out: bool, steps_after: int, grader: str | None,
