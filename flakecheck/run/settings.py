@@ -1,8 +1,9 @@
 """The settings of one `flakecheck run`, typed, frozen and validated once.
 
-`RunConfig.parse` is where the options' text (the command line's, the Python API's, meta.json's `config`
-block) becomes typed: the engine settings (the kernel policy a `KernelPolicy`), the compositions, the load
-model and its draws (drawn once, here). From then on the RunConfig is the only description of the run: it
+The options are declared once in flakecheck/run/options.py. `RunConfig.parse` takes them as keywords: it is
+where their text (the command line's, the Python API's, meta.json's `config` block) becomes typed: the engine
+settings (the kernel policy a `KernelPolicy`), the compositions, the load model and its draws (drawn once,
+here). From then on the RunConfig is the only description of the run: it
 yields the trace fingerprint that `--resume` compares, the `config` block of meta.json, and the command lines
 the reports print (resume, the fixed-order rerun) — regenerated from fields, never edited as strings.
 """
@@ -16,16 +17,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis.flip.load import DEFAULT_LOAD, LoadModel, parse_load, parse_tp_sizes, sample_compositions
+from flakecheck.analysis.flip.load import LoadModel, parse_load, parse_tp_sizes, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.data.input_format import INPUT_FORMATS
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.errors import UserError
-from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import check_timeout, grader_argv
 from flakecheck.kernels.policy import UNIFORM_POLICIES, KernelPolicy
 from flakecheck.machine.device import Device
-from flakecheck.run.options import CONFIG_OPTIONS, ENGINE_OPTIONS, FIELD_OPTIONS, keywords, signature
+from flakecheck.run.options import CONFIG_OPTIONS, ENGINE_OPTIONS, FIELD_OPTIONS, OPTIONS, keywords, signature
 
 REPLAY_MODES = ("auto", "simulated", "physical")
 
@@ -85,24 +85,25 @@ class RunConfig:
     engine: EngineSettings = EngineSettings()
     named: tuple[Composition, ...] = DEFAULT_COMPOSITIONS  # the compositions the user named, the reference first
     sampling: Sampling | None = None  # compositions drawn from a load, replayed after the named ones
-    load: LoadModel = parse_load(DEFAULT_LOAD)  # checked even without --sample: a bad --load is refused
-    max_tokens: int = 64
-    gap_threshold: float = 0.05
-    gap_window: int = 50
-    repeat: int = 1
-    limit: int | None = None
-    ids: tuple[str, ...] = ()
-    replay: str = "auto"
-    out: Path | None = None
-    html: bool = True
-    input_format: str = "auto"
+    load: LoadModel = parse_load(OPTIONS["load"].default)  # checked even without --sample: a bad --load is refused
+    # the `field` options (flakecheck/run/options.py), typed; their defaults are the declared ones
+    max_tokens: int = OPTIONS["max_tokens"].default
+    gap_threshold: float = OPTIONS["gap_threshold"].default
+    gap_window: int = OPTIONS["gap_window"].default
+    repeat: int = OPTIONS["repeat"].default
+    limit: int | None = OPTIONS["limit"].default
+    ids: tuple[str, ...] = OPTIONS["ids"].default
+    replay: str = OPTIONS["replay"].default
+    out: Path | None = OPTIONS["out"].default
+    html: bool = OPTIONS["html"].default
+    input_format: str = OPTIONS["input_format"].default
     grader: tuple[str, ...] = ()  # argv of an external grader (flakecheck.grading.external); () grades by checks
-    grader_timeout: float = GRADER_TIMEOUT_S
+    grader_timeout: float = OPTIONS["grader_timeout"].default
     # where simulated replay runs: None in this process; "local" (a local Ray cluster), "auto" or an address
-    ray: str | None = None
-    workers: int = 2
-    cpus_per_worker: int | None = None
-    allow_mixed_devices: bool = False
+    ray: str | None = OPTIONS["ray"].default
+    workers: int = OPTIONS["workers"].default
+    cpus_per_worker: int | None = OPTIONS["cpus_per_worker"].default
+    allow_mixed_devices: bool = OPTIONS["allow_mixed_devices"].default
 
     def __post_init__(self) -> None:
         normalise_common(self)
