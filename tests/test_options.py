@@ -19,7 +19,7 @@ from flakecheck.engine import packaged_models
 from flakecheck.engine import settings as engine_settings
 from flakecheck.grading import external
 from flakecheck.run import options
-from flakecheck.run.options import CONFIG_OPTIONS, RUN_OPTIONS
+from flakecheck.run.options import CONFIG_OPTIONS, RUN_OPTIONS, cli_options
 from flakecheck.run.settings import RunConfig
 
 
@@ -47,6 +47,15 @@ def test_every_declared_option_reaches_each_place_it_is_declared_for() -> None:
     assert set(recorded) == {"suite", "load_model", *(o.name for o in CONFIG_OPTIONS)}
     config_fields = {f.name for f in fields(RunConfig)}
     assert all(o.name in config_fields for o in RUN_OPTIONS if o.part == "field")
+
+
+@pytest.mark.parametrize("command", ["diff", "serve"])
+def test_the_other_commands_that_take_run_options_take_them_as_declared(command: str) -> None:
+    params = {p.name: p for p in typer.main.get_command(cli.app).commands[command].params}
+    declared = cli_options(command)
+    assert declared and {o.name for o in declared} <= set(params)
+    for o in declared:
+        assert o.option in params[o.name].opts and params[o.name].help.endswith(o.help), (command, o.name)
 
 
 def test_a_keyword_no_option_declares_is_refused_as_python_refuses_it() -> None:

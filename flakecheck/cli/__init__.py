@@ -335,16 +335,8 @@ def kernels_compile(
 @app.command("serve",
              help="The built-in engine behind an OpenAI-compatible API (continuous batching, greedy, top-2 "
              "logprobs).\n\nExample: flakecheck serve --kernels invariant --port 8000")
+@declared_options(cli_options("serve"))  # the engine's options, as `run` takes them
 def serve_cli(
-    model: str = typer.Option("smollm2", help="smollm2 | a Hugging Face directory | FILE.gguf | a hub id"),
-    kernels: str = typer.Option("splitk", help="splitk (production-like batch variance) | invariant "
-                                "(deterministic) | native"),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
-    profile: str = typer.Option("auto", help="device profile for split counts: auto (on a GPU its own SM count; on "
-                                "the CPU h100) | h100 | a100 | h200 | l4 | sm<N>"),
-    device: str = typer.Option("auto", help="auto (CUDA when torch sees a GPU, else cpu) | cpu | cuda | cuda:N"),
-    gpu_memory_utilization: float = typer.Option(0.9, help="on a GPU: the share of its memory the weights and the "
-                                                 "KV cache may take"),
     host: str = typer.Option("127.0.0.1", help="address to listen on (loopback by default)"),
     port: int = typer.Option(8000, help="port; 0 picks a free one (printed at start-up)"),
     max_num_seqs: int = typer.Option(32, help="most sequences in one engine step"),
@@ -357,13 +349,12 @@ def serve_cli(
     record_responses: Path | None = typer.Option(None, help="append one JSON line per answer to this file: its "
                                                  "text, tokens and top-2 logprobs, keyed by a hash of the prompt "
                                                  "(`flakecheck import promptfoo --record` joins it)"),
+    **engine: Any,
 ) -> None:
     from flakecheck.cli.serve import serve_command
     from flakecheck.serve.state import ServeSettings
 
-    settings = ServeSettings.parse(model=model, kernels=kernels, dtype=dtype, profile=profile, device=device,
-                                   gpu_memory_utilization=gpu_memory_utilization,
-                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+    settings = ServeSettings.parse(**engine, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
                                    served_model_name=served_model_name)
     serve_command(settings, host, port, quiet, record_responses)

@@ -32,6 +32,7 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # engine/settings.py
 Part = Literal["engine", "field", "own", "cli", "call"]
 _SAME = object()
 RUN_AND_DIFF = ("run", "diff")  # diff runs two suites under the same options when given suites
+ENGINE_COMMANDS = ("run", "diff", "serve")  # serve builds the same engine
 
 
 @dataclass(frozen=True)
@@ -96,25 +97,23 @@ def _sampling(read: Callable[[Any], Any], otherwise: Any) -> Callable[[Any], Any
     return lambda config: read(config.sampling) if config.sampling is not None else otherwise
 
 
-def _named(config: Any) -> list[str]:
-    return [c.to_spec() for c in config.named]
-
-
 RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("model", DEFAULT_MODEL, "smollm2 | a Hugging Face directory | FILE.gguf | a hub id", "engine",
-              recorded=_engine("model"), commands=RUN_AND_DIFF),
+              recorded=_engine("model"), commands=ENGINE_COMMANDS),
     RunOption("dtype", "bfloat16", "bfloat16 | float16 | float32", "engine", recorded=_engine("dtype"),
-              commands=RUN_AND_DIFF),
+              commands=ENGINE_COMMANDS),
     RunOption("kernels", "splitk", "splitk (production-like variance) | invariant | native, or one per op class: "
               "matmul=splitk,attention=invariant,norm=invariant", "engine", recorded=_engine("kernels"),
-              commands=RUN_AND_DIFF),
+              commands=ENGINE_COMMANDS),
     RunOption("backend", "auto", "auto | torch | triton", "engine", recorded=_engine("backend")),
     RunOption("profile", "auto", "device profile for split counts: auto (on a GPU its own SM count; on the CPU "
-              "h100) | h100 | a100 | h200 | l4 | sm<N>", "engine", recorded=_engine("profile"), old_default="h100"),
+              "h100) | h100 | a100 | h200 | l4 | sm<N>", "engine", recorded=_engine("profile"), old_default="h100",
+              commands=("run", "serve")),
     RunOption("device", "auto", "auto (CUDA when torch sees a GPU, else cpu) | cpu | cuda | cuda:N", "engine",
-              recorded=lambda config: str(config.engine.device), old_default="cpu", commands=RUN_AND_DIFF),
+              recorded=lambda config: str(config.engine.device), old_default="cpu", commands=ENGINE_COMMANDS),
     RunOption("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION, "on a GPU: the share of its memory the "
-              "weights and the KV cache may take", "engine", cli=float, recorded=_engine("gpu_memory_utilization")),
+              "weights and the KV cache may take", "engine", cli=float, recorded=_engine("gpu_memory_utilization"),
+              commands=("run", "serve")),
     RunOption("compositions_file", None, "compositions file (.jsonl or .json)", "cli", cli=Path | None,
               flag="--compositions", commands=RUN_AND_DIFF),
     RunOption("composition", None, "key=value,... (repeatable), e.g. name=b4,max_batch=4", "cli",
