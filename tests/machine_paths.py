@@ -17,7 +17,6 @@ from flakecheck.kernels import Ops
 from flakecheck.kernels.paths import KernelPaths
 from flakecheck.kernels.policy import parse_policy
 from flakecheck.kernels.registry import get_ops
-from flakecheck.machine.device import CPU
 from flakecheck.machine.probes import SMOLLM2, ProbeDims
 from flakecheck.machine.selfcheck import Verification, verify
 
@@ -37,7 +36,7 @@ def paths(*policies: str, dims: ProbeDims = SMOLLM2) -> KernelPaths:
 
 def ops(policy: str, *also: str, profile: str = "h100", dims: ProbeDims = SMOLLM2) -> Ops:
     """The Ops of `policy` on the verified paths (of `also` too, for tests that run their orders)."""
-    return get_ops(parse_policy(policy), "torch", profile, CPU, paths=paths(policy, *also, dims=dims))
+    return get_ops(parse_policy(policy), "torch", profile, paths=paths(policy, *also, dims=dims))
 
 
 def engine_ops(policy: str, config: object, dtype: str = "bfloat16") -> Ops:

@@ -73,7 +73,7 @@ def test_triton_follows_the_torch_twins_plans(tiny_wide_model_dir: Path, policy:
     for backend in ("torch", "triton"):
         if backend == "torch" and DEVICE != "cpu":
             continue  # the twins are CPU kernels
-        engine = LLMEngine(model, get_ops(parse_policy(policy), backend, "h100", DEVICE), max_num_seqs=3)
+        engine = LLMEngine(model, get_ops(parse_policy(policy), backend, "h100"), max_num_seqs=3)
         requests = [Request(i, ids, SamplingParams(max_tokens=5, ignore_eos=True)) for i, ids in enumerate(prompts)]
         got[backend] = engine.generate(requests)
     if "torch" not in got:

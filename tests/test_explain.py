@@ -28,7 +28,6 @@ from flakecheck.explain.repro import needed_cases, write_repro
 from flakecheck.explain.source import open_run, with_requests
 from flakecheck.kernels import get_ops
 from flakecheck.kernels.policy import parse_policy
-from flakecheck.machine.device import CPU
 from flakecheck.replay.simulated import Job, Simulation
 from tests.test_run import cli_run
 from tests.test_simulation import write_suite
@@ -170,7 +169,7 @@ def test_an_early_stop_gives_the_first_tokens_of_the_full_replay(wide, splitk) -
     """Windows stop a batched core once its cases of interest have their tokens; the batch-mates keep their
     full token limits until then, so every case's tokens are the recorded full replay's first tokens."""
     source = with_requests(open_run(splitk.path), wide)
-    network = build_model(wide, get_ops(parse_policy("splitk"), "torch", "h100", CPU))
+    network = build_model(wide, get_ops(parse_policy("splitk"), "torch", "h100"))
     for composition in COMPOSITIONS[1:]:
         recorded = source.recorded[(composition.name, 0)]
         interest = sorted(recorded)[::3]

@@ -99,7 +99,7 @@ def _run(backend: str, qkv, seqs, split_size: int = 32, window: int | None = Non
     q_all, k, v = qkv
     q = torch.cat([q_all[s, c - n : c] for s, n, c in seqs])
     layout = AttentionLayout.of(seqs, [split_size] * len(seqs), window)
-    out = get_ops(parse_policy("invariant"), backend, device=q.device).attention(q, k, v, layout, 0.25, softcap)
+    out = get_ops(parse_policy("invariant"), backend).attention(q, k, v, layout, 0.25, softcap)
     return [out[layout.query_starts[i] : layout.query_starts[i + 1]] for i in range(len(seqs))]
 
 

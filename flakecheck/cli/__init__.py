@@ -9,12 +9,16 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from flakecheck.cli.imports import import_app
+from flakecheck.cli.options import declared_options
 from flakecheck.errors import UserError
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
+from flakecheck.reports.formats import format_help
+from flakecheck.run.options import cli_options
 
 app = typer.Typer(
     add_completion=False,
@@ -29,66 +33,23 @@ app.add_typer(kernels_app, name="kernels")
 app.add_typer(import_app, name="import")
 
 
+def format_option(command: str) -> Any:
+    """`--format`, the same option on every command that renders (flakecheck/reports/formats.py)."""
+    return typer.Option([], "--format", metavar="NAME[=PATH]", help=format_help(command))
+
+
+def deprecated(flag: str) -> str:
+    return f"deprecated: {flag}"
+
+
 @app.command("run",
              help="Replay a suite under batch compositions and write a run directory.\n\n"
              "Example: flakecheck run suites/demo.jsonl --kernels splitk --limit 20")
-def run_cli(
-    suite: Path = typer.Argument(..., help="suite JSONL, one case per line"),
-    model: str = typer.Option("smollm2", help="smollm2 | a Hugging Face directory | FILE.gguf | a hub id"),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
-    kernels: str = typer.Option("splitk", help="splitk (production-like variance) | invariant | native, or one per "
-                                "op class: matmul=splitk,attention=invariant,norm=invariant"),
-    backend: str = typer.Option("auto", help="auto | torch | triton"),
-    profile: str = typer.Option("auto", help="device profile for split counts: auto (on a GPU its own SM count; on "
-                                "the CPU h100) | h100 | a100 | h200 | l4 | sm<N>"),
-    device: str = typer.Option("auto", help="auto (CUDA when torch sees a GPU, else cpu) | cpu | cuda | cuda:N"),
-    gpu_memory_utilization: float = typer.Option(0.9, help="on a GPU: the share of its memory the weights and the "
-                                                 "KV cache may take"),
-    compositions: Path | None = typer.Option(None, help="compositions file (.jsonl or .json)"),
-    composition: list[str] | None = typer.Option(None, help="key=value,... (repeatable), e.g. name=b4,max_batch=4"),
-    max_tokens: int = typer.Option(64, help="default max new tokens per case"),
-    gap_threshold: float = typer.Option(0.05, help="a top1-top2 logprob gap below this is a near-tie"),
-    gap_window: int = typer.Option(50, help="near-ties count within the first N tokens of the reference"),
-    repeat: int = typer.Option(1, help="replay the compositions N times with other order seeds"),
-    limit: int | None = typer.Option(None, help="only the first N cases"),
-    ids: str | None = typer.Option(None, help="only these case ids, comma-separated"),
-    out: Path | None = typer.Option(None, help="run directory (default reports/<suite>-<UTC time>)"),
-    resume: bool = typer.Option(False, help="continue an interrupted run in --out"),
-    replay: str = typer.Option("auto", help="auto | simulated | physical: how compositions are replayed "
-                               "(simulated: all at once, bitwise equal to physical; native is always physical)"),
-    input_format: str = typer.Option("auto", help="auto | chat | raw: how a string `input` is sent"),
-    no_html: bool = typer.Option(False, "--no-html", help="skip report.html"),
-    quiet: bool = typer.Option(False, help="print only the summary line"),
-    grader: str | None = typer.Option(None, help="grade outputs with this command instead of the suite's checks: "
-                                      "JSONL on its stdin and stdout (see the README), e.g. 'python grade.py'"),
-    grader_timeout: float = typer.Option(GRADER_TIMEOUT_S, help="seconds the --grader process may take"),
-    ray: str | None = typer.Option(None, "--ray", help="replay in shards on a Ray cluster: --ray alone starts a "
-                                   "local one, --ray auto joins the running one (RAY_ADDRESS), or give its address"),
-    workers: int = typer.Option(2, help="--ray: replay actors (each loads the model once)"),
-    cpus_per_worker: int | None = typer.Option(None, help="--ray: CPUs (threads) per actor (default: shared out)"),
-    allow_mixed_devices: bool = typer.Option(False, help="--ray: run even when actors' machines differ (recorded)"),
-    sample: int = typer.Option(0, help="also replay N compositions drawn from --load: each case's observed flip "
-                               "probability with a 95% interval, and the score's spread under that load"),
-    load: str = typer.Option("poisson:16", help="--sample: the batch sizes a request meets: poisson:MEAN (MEAN "
-                             "others beside it), uniform:LO-HI, or a histogram file (serve's /stats JSON, "
-                             "{size: weight}, a list of samples, or one number a line)"),
-    seed: int = typer.Option(0, help="--sample: the seed the compositions are drawn with (same seed, same draws)"),
-    sample_only: bool = typer.Option(False, "--sample-only", help="--sample: replay the reference and the draws "
-                                     "only, not the named compositions"),
-    tp: str = typer.Option("1", "--tp", help="--sample: the tensor-parallel sizes a draw may get, e.g. 1,2,4,8"),
-) -> None:
+@declared_options(cli_options("run"))  # every option declared once in flakecheck/run/options.py
+def run_cli(suite: Path = typer.Argument(..., help="suite JSONL, one case per line"), **options: Any) -> None:
     from flakecheck.cli.run import run_from_cli
 
-    run_from_cli(
-        suite, model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile, device=device,
-        gpu_memory_utilization=gpu_memory_utilization, compositions_file=compositions,
-        composition_specs=composition or [], max_tokens=max_tokens,
-        gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids,
-        out=out, resume=resume, replay=replay, input_format=input_format, html=not no_html, quiet=quiet,
-        grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
-        allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, seed=seed, sample_only=sample_only,
-        tp=tp,
-    )
+    run_from_cli(suite, **options)
 
 
 @app.command("probe",
@@ -167,8 +128,9 @@ def conformance_cli(
     resume: bool = typer.Option(False, help="continue an interrupted check in --out"),
     timeout: float = typer.Option(600.0, help="seconds per HTTP attempt"),
     retries: int = typer.Option(5, help="retries per request (timeouts, resets, 429, 5xx), with backoff"),
-    json_out: bool = typer.Option(False, "--json", help="print conformance.json instead of the table"),
-    markdown: Path | None = typer.Option(None, help="also write the markdown table to this file"),
+    format: list[str] = format_option("conformance"),
+    json_out: bool = typer.Option(False, "--json", help=deprecated("--format json")),
+    markdown: Path | None = typer.Option(None, help=deprecated("--format markdown=PATH")),
     quiet: bool = typer.Option(False, help="no progress lines"),
 ) -> None:
     from flakecheck.cli.conformance import conformance_from_cli
@@ -178,20 +140,22 @@ def conformance_cli(
                                limit=limit, targets=targets, max_tokens=max_tokens, max_batch=max_batch, burst=burst,
                                chunk_budget=chunk_budget, seed=seed, expect=expect, out=out, timeout=timeout,
                                retries=retries)
-    raise typer.Exit(conformance_from_cli(config, resume=resume, json_out=json_out, markdown=markdown, quiet=quiet))
+    raise typer.Exit(conformance_from_cli(config, resume=resume, json_out=json_out, markdown=markdown, quiet=quiet,
+                                         formats=format))
 
 
 @app.command("compare",
              help="Hold two diagnoses of one suite against each other (e.g. a simulated run and a probe).\n\n"
-             "Example: flakecheck compare reports/sim reports/vllm --json")
+             "Example: flakecheck compare reports/sim reports/vllm --format json")
 def compare_cli(
     run_a: Path = typer.Argument(..., help="run directory A (its predicted flip probability is the predictor)"),
     run_b: Path = typer.Argument(..., help="run directory B (its divergences are what is predicted)"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    format: list[str] = format_option("compare"),
+    json_out: bool = typer.Option(False, "--json", help=deprecated("--format json")),
 ) -> None:
     from flakecheck.reports.compare import compare_command
 
-    raise typer.Exit(compare_command(run_a, run_b, json_out=json_out))
+    raise typer.Exit(compare_command(run_a, run_b, json_out=json_out, formats=format))
 
 
 @app.command("diff",
@@ -207,49 +171,31 @@ def compare_cli(
              "highest difference over every pairing of compositions (draws, when both runs have them). Exit 1 "
              "when regressions exceed --max-regressions or every pairing shows a drop beyond --max-score-drop.\n\n"
              "Example: flakecheck diff suites/demo.jsonl suites/demo-prompt-edit.jsonl --limit 61")
+@declared_options(cli_options("diff"), unset="suites: ")  # `run`'s options, as flakecheck/run/options.py declares them
 def diff_cli(
     a: Path = typer.Argument(..., help="before: a run directory, or a suite file"),
     b: Path = typer.Argument(..., help="after: a run directory, or a suite file"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
-    markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
-    html: Path | None = typer.Option(None, help="write the HTML page here"),
-    junit: Path | None = typer.Option(None, help="write JUnit XML here (a regression fails, noise is flaky)"),
+    format: list[str] = format_option("diff"),
+    json_out: bool = typer.Option(False, "--json", help=deprecated("--format json")),
+    markdown: Path | None = typer.Option(None, help=deprecated("--format markdown=PATH")),
+    html_out: Path | None = typer.Option(None, "--html", help=deprecated("--format html=PATH")),
+    junit: Path | None = typer.Option(None, help=deprecated("--format junit=PATH") + " (a regression fails, noise "
+                                      "is flaky)"),
     max_regressions: int = typer.Option(0, help="fail when more cases regress beyond batch noise"),
     max_score_drop: float | None = typer.Option(0.0, help="fail when every pairing of compositions shows the score "
                                                 "drop by more than this many percentage points"),
     top: int = typer.Option(30, help="how many differing cases to list"),
     out: Path | None = typer.Option(None, help="suites: the directory for both runs (default reports/diff-<UTC "
                                     "time>); diff.json and diff.html go there too"),
-    model: str | None = typer.Option(None, help="suites: the model of both sides (default smollm2)"),
     model_b: str | None = typer.Option(None, help="suites: B's model, to compare two models on one suite"),
-    dtype: str | None = typer.Option(None, help="suites: bfloat16 | float16 | float32"),
-    kernels: str | None = typer.Option(None, help="suites: splitk (the default: batch noise to measure against) | "
-                                       "invariant | native"),
-    device: str | None = typer.Option(None, help="suites: auto | cpu | cuda | cuda:N"),
-    compositions: Path | None = typer.Option(None, help="suites: compositions file (.jsonl or .json)"),
-    composition: list[str] | None = typer.Option(None, help="suites: key=value,... (repeatable)"),
-    max_tokens: int | None = typer.Option(None, help="suites: default max new tokens per case"),
-    repeat: int | None = typer.Option(None, help="suites: replay the compositions N times"),
-    limit: int | None = typer.Option(None, help="suites: only the first N cases of each"),
-    ids: str | None = typer.Option(None, help="suites: only these case ids, comma-separated"),
-    input_format: str | None = typer.Option(None, help="suites: auto | chat | raw"),
-    grader: str | None = typer.Option(None, help="suites: grade outputs with this command (see `run --grader`)"),
-    sample: int | None = typer.Option(None, help="suites: also replay N compositions drawn from --load (the same "
-                                      "draws on both sides)"),
-    load: str | None = typer.Option(None, help="suites: --sample's load (see `run --load`)"),
-    seed: int | None = typer.Option(None, help="suites: --sample's seed"),
-    no_html: bool = typer.Option(False, "--no-html", help="suites: skip each run's report.html"),
     quiet: bool = typer.Option(False, help="suites: no progress bars"),
+    **run: Any,
 ) -> None:
     from flakecheck.cli.diff import diff_from_cli, run_options
 
-    options = run_options(model=model, dtype=dtype, kernels=kernels, device=device, compositions=compositions,
-                          composition=composition, max_tokens=max_tokens, repeat=repeat, limit=limit, ids=ids,
-                          input_format=input_format, grader=grader, sample=sample, load=load, seed=seed,
-                          no_html=no_html)
-    raise typer.Exit(diff_from_cli(a, b, options, model_b=model_b, out=out, quiet=quiet, json_out=json_out,
-                                   markdown=markdown, html=html, junit=junit, max_regressions=max_regressions,
-                                   max_score_drop=max_score_drop, top=top))
+    raise typer.Exit(diff_from_cli(a, b, run_options(run), model_b=model_b, out=out, quiet=quiet, json_out=json_out,
+                                   markdown=markdown, html=html_out, junit=junit, max_regressions=max_regressions,
+                                   max_score_drop=max_score_drop, top=top, formats=format))
 
 
 @app.command("report",
@@ -257,8 +203,8 @@ def diff_cli(
              "Example: flakecheck report reports/demo-20261201T120000Z --format markdown")
 def report_cli(
     run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
-    format: str = typer.Option("terminal", "--format", help="terminal | markdown | json"),
-    html: Path | None = typer.Option(None, help="also write the HTML report to this file"),
+    format: list[str] = format_option("report"),
+    html: Path | None = typer.Option(None, help="also write the HTML report to this file (--format html=PATH)"),
     top: int = typer.Option(10, help="how many cases to list by risk"),
 ) -> None:
     from flakecheck.cli.report import report_command
@@ -268,7 +214,8 @@ def report_cli(
 
 @app.command("gate",
              help="A CI regression gate over a run directory: exit 1 when it fails.\n\n"
-             "Example: flakecheck gate reports/now --baseline reports/main --max-flaky-rate 0.05 --junit flakes.xml")
+             "Example: flakecheck gate reports/now --baseline reports/main --max-flaky-rate 0.05 "
+             "--format junit=flakes.xml")
 def gate_cli(
     run_dir: Path = typer.Argument(..., help="the run directory to judge"),
     baseline: Path | None = typer.Option(None, help="a run directory to compare against"),
@@ -276,8 +223,9 @@ def gate_cli(
     max_verdict_flips: int | None = typer.Option(None, help="fail when more cases flip their verdict"),
     fail_on_new_fragile: bool = typer.Option(False, help="with --baseline: fail on newly fragile cases too"),
     quarantine: Path | None = typer.Option(None, help="file of case ids with reason and expiry"),
-    junit: Path | None = typer.Option(None, help="write JUnit XML here"),
-    markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
+    format: list[str] = format_option("gate"),
+    junit: Path | None = typer.Option(None, help=deprecated("--format junit=PATH")),
+    markdown: Path | None = typer.Option(None, help=deprecated("--format markdown=PATH")),
     max_score_swing: float | None = typer.Option(None, help="fail when the score swing (best-case minus worst-case "
                                                  "score over compositions) exceeds this many percentage points"),
     max_flip_probability: float | None = typer.Option(None, help="fail when a case may flip in more than this "
@@ -294,7 +242,7 @@ def gate_cli(
         run_dir, baseline=baseline, max_flaky_rate=max_flaky_rate, max_verdict_flips=max_verdict_flips,
         fail_on_new_fragile=fail_on_new_fragile, quarantine=quarantine, junit=junit, markdown=markdown,
         max_score_swing=max_score_swing, max_flip_probability=max_flip_probability, max_score_std=max_score_std,
-        min_pass_rate=min_pass_rate,
+        min_pass_rate=min_pass_rate, formats=format,
     ))
 
 
@@ -306,7 +254,8 @@ def gate_cli(
 def explain_cli(
     run_dir: Path = typer.Argument(..., help="a run directory written by `flakecheck run`"),
     ids: str | None = typer.Option(None, help="only these diverged case ids, comma-separated"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+    format: list[str] = format_option("explain"),
+    json_out: bool = typer.Option(False, "--json", help=deprecated("--format json")),
     steps_after: int = typer.Option(4, help="replay each case this many tokens past its first divergence"),
     grader: str | None = typer.Option(None, help="grade the fixed outputs with this command (default: the run's "
                                       "grader, else the suite's checks)"),
@@ -327,7 +276,7 @@ def explain_cli(
 
     raise typer.Exit(explain_from_cli(run_dir, ids, json_out, steps_after, grader, grader_timeout, suite,
                                       not no_fixes, top, quiet, ray, workers, cpus_per_worker, allow_mixed_devices,
-                                      device))
+                                      device, formats=format))
 
 
 @app.command("repro",
@@ -386,16 +335,8 @@ def kernels_compile(
 @app.command("serve",
              help="The built-in engine behind an OpenAI-compatible API (continuous batching, greedy, top-2 "
              "logprobs).\n\nExample: flakecheck serve --kernels invariant --port 8000")
+@declared_options(cli_options("serve"))  # the engine's options, as `run` takes them
 def serve_cli(
-    model: str = typer.Option("smollm2", help="smollm2 | a Hugging Face directory | FILE.gguf | a hub id"),
-    kernels: str = typer.Option("splitk", help="splitk (production-like batch variance) | invariant "
-                                "(deterministic) | native"),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 | float16 | float32"),
-    profile: str = typer.Option("auto", help="device profile for split counts: auto (on a GPU its own SM count; on "
-                                "the CPU h100) | h100 | a100 | h200 | l4 | sm<N>"),
-    device: str = typer.Option("auto", help="auto (CUDA when torch sees a GPU, else cpu) | cpu | cuda | cuda:N"),
-    gpu_memory_utilization: float = typer.Option(0.9, help="on a GPU: the share of its memory the weights and the "
-                                                 "KV cache may take"),
     host: str = typer.Option("127.0.0.1", help="address to listen on (loopback by default)"),
     port: int = typer.Option(8000, help="port; 0 picks a free one (printed at start-up)"),
     max_num_seqs: int = typer.Option(32, help="most sequences in one engine step"),
@@ -408,13 +349,12 @@ def serve_cli(
     record_responses: Path | None = typer.Option(None, help="append one JSON line per answer to this file: its "
                                                  "text, tokens and top-2 logprobs, keyed by a hash of the prompt "
                                                  "(`flakecheck import promptfoo --record` joins it)"),
+    **engine: Any,
 ) -> None:
     from flakecheck.cli.serve import serve_command
     from flakecheck.serve.state import ServeSettings
 
-    settings = ServeSettings.parse(model=model, kernels=kernels, dtype=dtype, profile=profile, device=device,
-                                   gpu_memory_utilization=gpu_memory_utilization,
-                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+    settings = ServeSettings.parse(**engine, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    enable_prefix_caching=enable_prefix_caching, max_model_len=max_model_len,
                                    served_model_name=served_model_name)
     serve_command(settings, host, port, quiet, record_responses)

@@ -5,30 +5,34 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
 from flakecheck.console import output_console
-from flakecheck.data.rundir import atomic_write_text
 from flakecheck.probe.conformance import ConformanceConfig, ConformanceInterrupted, conformance_check
 from flakecheck.probe.conformance.markdown import conformance_lines, conformance_markdown
+from flakecheck.reports.formats import JSON, MARKDOWN, TERMINAL, choose_outputs, write_files
 
 
 def conformance_from_cli(config: ConformanceConfig, *, resume: bool, json_out: bool, markdown: Path | None,
-                         quiet: bool) -> int:
-    progress = Console(stderr=True, quiet=quiet or json_out)
+                         quiet: bool, formats: Sequence[str] = ()) -> int:
+    """`formats`: --format's entries; `json_out` and `markdown`: the old --json and --markdown PATH."""
+    outputs = choose_outputs(formats, "conformance", json=json_out, files={MARKDOWN.name: markdown})
+    progress = Console(stderr=True, quiet=quiet or outputs.stdout != TERMINAL.name)
     try:
         result = conformance_check(config, resume=resume,
                                    on_unit=lambda name: progress.print(f"[dim]sending {escape(name)}[/dim]"))
     except ConformanceInterrupted as exc:
         Console(stderr=True).print(f"[yellow]{escape(str(exc))}[/yellow]")
         sys.exit(130)
-    if markdown is not None:
-        atomic_write_text(markdown, conformance_markdown(result.data))
-    if json_out:
-        print(json.dumps(result.data, indent=2))
+    renderers = {MARKDOWN.name: lambda: conformance_markdown(result.data),
+                 JSON.name: lambda: json.dumps(result.data, indent=2) + "\n"}
+    write_files(outputs, renderers)
+    if outputs.stdout != TERMINAL.name:
+        sys.stdout.write(renderers[outputs.stdout]())
         return result.exit_code
     console = output_console()
     server = result.data["server"]

@@ -4,6 +4,8 @@ first under the same settings; then the report (terminal or JSON), the files ask
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,43 +13,38 @@ from rich.console import Console
 
 from flakecheck.console import output_console
 from flakecheck.data.compositions import resolve_compositions
-from flakecheck.data.rundir import atomic_write_text, load_run
+from flakecheck.data.rundir import load_run
 from flakecheck.diff.both import run_both
 from flakecheck.diff.compare import diff_runs
 from flakecheck.diff.gate import check_gate
-from flakecheck.diff.html import write_diff_html
+from flakecheck.diff.html import render_diff_html
 from flakecheck.diff.json_report import render_diff_json
-from flakecheck.diff.junit import write_diff_junit
+from flakecheck.diff.junit import diff_junit_text
 from flakecheck.diff.markdown import diff_markdown
 from flakecheck.diff.terminal import render_diff
 from flakecheck.errors import UserError
 from flakecheck.gate.gate import _append_step_summary as append_step_summary
+from flakecheck.reports.formats import HTML, JSON, JUNIT, MARKDOWN, TERMINAL, choose_outputs, write_files
+from flakecheck.run.options import OPTIONS
 from flakecheck.run.pipeline import RunInterrupted
-from flakecheck.run.settings import parse_ids
 
 
-def run_options(*, model: str | None, dtype: str | None, kernels: str | None, device: str | None,
-                compositions: Path | None, composition: list[str] | None, max_tokens: int | None,
-                repeat: int | None, limit: int | None, ids: str | None, input_format: str | None,
-                grader: str | None, sample: int | None, load: str | None, seed: int | None,
-                no_html: bool) -> dict[str, Any]:
-    """The run options given on the command line, as run_suite's keywords (those not given are left out)."""
-    given = {"model": model, "dtype": dtype, "kernels": kernels, "device": device, "max_tokens": max_tokens,
-             "repeat": repeat, "limit": limit, "input_format": input_format, "grader": grader, "sample": sample,
-             "load": load, "sample_seed": seed}
-    options = {k: v for k, v in given.items() if v is not None}
-    if compositions is not None or composition:
-        options["compositions"] = resolve_compositions(compositions, composition or [])
-    if ids is not None:
-        options["ids"] = parse_ids(ids)
-    if no_html:
-        options["html"] = False
+def run_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The run options given on the command line (None, or a switch left off: not given), as run_suite's
+    keywords (flakecheck/run/options.py)."""
+    cli = {name: value for name, value in given.items() if value is not None and value is not False}
+    options = {name: OPTIONS[name].api_value(value) for name, value in cli.items() if OPTIONS[name].in_config}
+    if cli.get("compositions_file") is not None or cli.get("composition"):
+        options["compositions"] = resolve_compositions(cli.get("compositions_file"), cli.get("composition") or [])
     return options
 
 
 def diff_from_cli(a: Path, b: Path, options: dict[str, Any], *, model_b: str | None, out: Path | None,
                   quiet: bool, json_out: bool, markdown: Path | None, html: Path | None, junit: Path | None,
-                  max_regressions: int, max_score_drop: float | None, top: int) -> int:
+                  max_regressions: int, max_score_drop: float | None, top: int, formats: Sequence[str] = ()) -> int:
+    """`formats`: --format's entries; `json_out`, `markdown`, `html`, `junit`: the old --json and file flags."""
+    outputs = choose_outputs(formats, "diff", json=json_out,
+                             files={MARKDOWN.name: markdown, HTML.name: html, JUNIT.name: junit})
     gate = check_gate(max_regressions, max_score_drop)
     if top < 0:
         raise UserError(f"--top must be >= 0, got {top}")
@@ -70,21 +67,15 @@ def diff_from_cli(a: Path, b: Path, options: dict[str, Any], *, model_b: str | N
         raise UserError(f"give two run directories or two suite files ({kinds})")
     result = diff_runs(run_a, run_b, gate)
     text = diff_markdown(result)
-    writers = [(markdown, lambda p: atomic_write_text(p, text)), (html, lambda p: write_diff_html(result, p)),
-               (junit, lambda p: write_diff_junit(result, p))]
+    renderers = {JSON.name: lambda: render_diff_json(result), MARKDOWN.name: lambda: text,
+                 HTML.name: lambda: render_diff_html(result), JUNIT.name: lambda: diff_junit_text(result)}
     if folder is not None:  # the one-command path keeps its comparison beside the two runs
-        writers += [(folder / "diff.json", lambda p: atomic_write_text(p, render_diff_json(result))),
-                    (folder / "diff.html", lambda p: write_diff_html(result, p))]
-    for path, write in writers:
-        if path is None:
-            continue
-        try:
-            write(path)
-        except OSError as exc:
-            raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+        outputs = replace(outputs, files=(*outputs.files, (JSON.name, folder / "diff.json"),
+                                          (HTML.name, folder / "diff.html")))
+    write_files(outputs, renderers)
     append_step_summary(text)
-    if json_out:
-        sys.stdout.write(render_diff_json(result))
+    if outputs.stdout != TERMINAL.name:
+        sys.stdout.write(renderers[outputs.stdout]())
     else:
         console = output_console()
         render_diff(result, console, top)

@@ -15,8 +15,8 @@ from flakecheck.probe.levels import parse_concurrency
 from flakecheck.probe.probe import probe_suite
 from flakecheck.probe.settings import ProbeConfig
 from flakecheck.reports.finished import ReportError, show_finished_run
+from flakecheck.run.options import parse_ids
 from flakecheck.run.pipeline import RunInterrupted
-from flakecheck.run.settings import parse_ids
 
 
 def probe_from_cli(suite: Path, *, endpoint: str, model: str | None, api: str | None, api_key_env: str | None,

@@ -3,12 +3,9 @@ every fetch, and all suite and model text through jinja2's autoescaping."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jinja2
 from markupsafe import Markup
 
-from flakecheck.data.rundir import atomic_write_text
 from flakecheck.diff.classify import CLASSES
 from flakecheck.diff.facts import listed, mixed_line, rate, reference_change, side_line
 from flakecheck.diff.result import DiffResult
@@ -26,10 +23,6 @@ def render_diff_html(result: DiffResult) -> str:
         result=result, classes=CLASSES, cases=cases, side_a=side_line(result.a), side_b=side_line(result.b),
         score_sentence=change_sentence(result.score), mixed=mixed_line(result.score), rate=rate,
         reference_change=reference_change, cut=_cut, css=Markup((TEMPLATES / "report.css").read_text()))
-
-
-def write_diff_html(result: DiffResult, path: Path) -> None:
-    atomic_write_text(path, render_diff_html(result))
 
 
 def _cut(text: str) -> str:

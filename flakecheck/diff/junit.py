@@ -10,13 +10,11 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
-from flakecheck.data.rundir import atomic_write_bytes
 from flakecheck.diff.classify import CaseDiff
 from flakecheck.diff.result import DiffResult
 from flakecheck.diff.score import change_sentence
-from flakecheck.gate.junit import xml_text
+from flakecheck.gate.junit import tree_text, xml_text
 
 
 def diff_junit_tree(result: DiffResult) -> ET.ElementTree:
@@ -61,7 +59,5 @@ def _testcase(result: DiffResult, case: CaseDiff, classname: str) -> ET.Element:
     return element
 
 
-def write_diff_junit(result: DiffResult, path: Path) -> None:
-    tree = diff_junit_tree(result)
-    ET.indent(tree)
-    atomic_write_bytes(path, ET.tostring(tree.getroot(), encoding="utf-8", xml_declaration=True))
+def diff_junit_text(result: DiffResult) -> str:
+    return tree_text(diff_junit_tree(result))

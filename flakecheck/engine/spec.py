@@ -53,7 +53,7 @@ class EngineSpec:
     def ops(self, also_plans: tuple[KernelPolicy, ...] = ()) -> Ops:
         """The kernels of this spec, on the verified paths (`also_plans`: other policies whose steps the
         same weights must run)."""
-        return get_ops(self.policy, self.backend, self.profile, self.device, also_plans=also_plans, paths=self.paths)
+        return get_ops(self.policy, self.backend, self.profile, also_plans=also_plans, paths=self.paths)
 
     def describe(self) -> str:
         return f"kernels {self.policy.name} ({self.backend} on {self.device}, profile {self.profile}, {self.dtype})"

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -45,13 +46,14 @@ from rich.markup import escape
 from flakecheck.analysis.flip.score import score_distribution
 from flakecheck.analysis.score_swing import score_swing, swing_sentence
 from flakecheck.console import output_console
-from flakecheck.data.rundir import RunData, atomic_write_text, load_run
+from flakecheck.data.rundir import RunData, load_run
 from flakecheck.errors import UserError
-from flakecheck.gate.junit import write_junit
+from flakecheck.gate.junit import junit_text
 from flakecheck.gate.markdown import gate_markdown, pass_rate_line, score_swing_line
 from flakecheck.gate.quarantine import QuarantineEntry, load_quarantine
 from flakecheck.gate.result import CaseOutcome, GateResult, GateSettings
 from flakecheck.reports.facts import DIVERGED, RunFacts, gather
+from flakecheck.reports.formats import JUNIT, MARKDOWN, TERMINAL, choose_outputs, write_files
 
 # Rates are compared with a little slack so "no worse than the baseline" holds for equal counts.
 RATE_EPSILON = 1e-9
@@ -61,7 +63,9 @@ def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | N
                  max_verdict_flips: int | None, fail_on_new_fragile: bool, quarantine: Path | None,
                  junit: Path | None, markdown: Path | None, max_score_swing: float | None = None,
                  max_flip_probability: float | None = None, max_score_std: float | None = None,
-                 min_pass_rate: float | None = None) -> int:
+                 min_pass_rate: float | None = None, formats: Sequence[str] = ()) -> int:
+    """`formats`: --format's entries; `junit` and `markdown`: the old --junit PATH and --markdown PATH."""
+    outputs = choose_outputs(formats, "gate", files={JUNIT.name: junit, MARKDOWN.name: markdown})
     if max_flaky_rate is not None and not 0.0 <= max_flaky_rate <= 1.0:
         raise UserError(f"--max-flaky-rate must be between 0 and 1, got {max_flaky_rate}")
     if max_verdict_flips is not None and max_verdict_flips < 0:
@@ -87,18 +91,13 @@ def gate_command(run_dir: Path, baseline: Path | None, max_flaky_rate: float | N
                       max_score_swing=max_score_swing, max_flip_probability=max_flip_probability,
                       max_score_std=max_score_std, min_pass_rate=min_pass_rate)
     text = gate_markdown(result)
-    for path, content in ((junit, None), (markdown, text)):
-        if path is None:
-            continue
-        try:
-            if content is None:
-                write_junit(result, path)
-            else:
-                atomic_write_text(path, content)
-        except OSError as exc:
-            raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from exc
+    renderers = {MARKDOWN.name: lambda: text, JUNIT.name: lambda: junit_text(result)}
+    write_files(outputs, renderers)
     _append_step_summary(text)
-    print_result(result, output_console())
+    if outputs.stdout == TERMINAL.name:
+        print_result(result, output_console())
+    else:
+        sys.stdout.write(renderers[outputs.stdout]())
     return 0 if result.passed else 1
 
 

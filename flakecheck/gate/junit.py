@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Any
 
-from flakecheck.data.rundir import atomic_write_bytes
 from flakecheck.gate.result import CaseOutcome, GateResult
 
 # XML 1.0 cannot carry most control characters, whatever the escaping; model output may contain them.
@@ -99,7 +97,11 @@ def _describe(case: dict[str, Any]) -> str:
             f"(gap {case.get('gap_at_divergence')}); pass rate {case.get('pass_rate')}")
 
 
-def write_junit(result: GateResult, path: Path) -> None:
-    tree = junit_tree(result)
+def junit_text(result: GateResult) -> str:
+    return tree_text(junit_tree(result))
+
+
+def tree_text(tree: ET.ElementTree) -> str:
+    """A JUnit tree as the text of its file: indented, with the UTF-8 XML declaration."""
     ET.indent(tree)
-    atomic_write_bytes(path, ET.tostring(tree.getroot(), encoding="utf-8", xml_declaration=True))
+    return ET.tostring(tree.getroot(), encoding="utf-8", xml_declaration=True).decode("utf-8")

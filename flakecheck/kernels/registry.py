@@ -22,6 +22,7 @@ class OnDevice(Protocol):
 
 POLICIES = ORDERS  # the whole-model policies: splitk, invariant, native
 BACKENDS = ("auto", "torch", "triton")
+RESOLVED_BACKENDS = ("torch", "triton")  # what `auto` becomes on a device
 DTYPES = ("bfloat16", "float16", "float32")  # the model dtypes: torch's names (getattr(torch, name))
 
 
@@ -59,16 +60,18 @@ def backend_for(policy: KernelPolicy, backend: str, device: OnDevice | None) -> 
     return "torch" if policy.all_native else resolve_backend(backend, device)
 
 
-def get_ops(policy: KernelPolicy, backend: str = "auto", profile: str = "h100",
-            device: OnDevice | None = None, fast_cpu_matmuls: bool = True,
+def get_ops(policy: KernelPolicy, backend: str = "torch", profile: str = "h100", fast_cpu_matmuls: bool = True,
             also_plans: tuple[KernelPolicy, ...] = (), paths: KernelPaths = FAST) -> Ops:
-    """The Ops of a policy; `also_plans`: other policies whose steps the same weights must run (one mechanism
-    at a time); `paths`: the implementation of each primitive (the machine's self-check chooses them; the
-    torch backend's). ValueError naming the choices on a bad backend or profile."""
+    """The Ops of a policy on a backend already resolved for the device (`backend_for`, once per engine: torch
+    or triton); `also_plans`: other policies whose steps the same weights must run (one mechanism at a time);
+    `paths`: the implementation of each primitive (the machine's self-check chooses them; the torch backend's).
+    ValueError on a bad profile or an unresolved backend."""
     get_profile(profile)
-    resolved = backend_for(policy, backend, device)
+    if backend not in RESOLVED_BACKENDS:
+        raise ValueError(f"get_ops takes a resolved backend ({' or '.join(RESOLVED_BACKENDS)}; backend_for "
+                         f"resolves `auto` for a device), got {backend!r}")
     orders = frozenset(p.matmul for p in also_plans)
-    if resolved == "triton":
+    if backend == "triton":
         from flakecheck.kernels.triton_backend import TritonBackend  # imports triton, absent on some machines
 
         return Ops(policy, TritonBackend(), profile, orders)

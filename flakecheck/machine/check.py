@@ -81,7 +81,7 @@ def run_matrix(device: Device, dtype: torch.dtype, backend: str, verdicts: dict[
     results = []
     for policy, kernel_policy in matrix.items():
         paths = verdicts[policy].paths if policy in verdicts else FAST
-        ops = get_ops(kernel_policy, backend, profile, device, paths=paths)
+        ops = get_ops(kernel_policy, backend_for(kernel_policy, backend, device), profile, paths=paths)
         for (op, check), probe in checks.items():
             diff = probe(ops)
             results.append({"policy": policy, "op": op, "check": check, "invariant": diff == 0.0,

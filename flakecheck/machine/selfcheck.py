@@ -165,7 +165,7 @@ def verify(policy: KernelPolicy, dims: ProbeDims, dtype: torch.dtype, profile: s
             pass  # a damaged cache entry is made again
     if make_ops is None:
         def make_ops(paths: KernelPaths) -> Any:
-            return get_ops(policy, backend, profile, device, paths=paths)
+            return get_ops(policy, backend, profile, paths=paths)
 
     interpreted = backend == "triton" and not device.is_cuda
     result = run_checks(_Context(policy, dims, dtype, get_profile(profile).sms, make_ops, device,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from flakecheck.data.rundir import RunData, load_run
 from flakecheck.errors import UserError
 from flakecheck.reports.facts import DIVERGED, clean, records
 from flakecheck.reports.flip_view import prediction_note
+from flakecheck.reports.formats import JSON, TERMINAL, choose_outputs, write_files
 
 CATEGORIES = ("both", "a_only", "b_only", "neither")
 
@@ -188,12 +190,18 @@ def _describe(run: RunData) -> dict[str, Any]:
             "prediction": prediction_note(record.flip)}
 
 
-def compare_command(path_a: Path, path_b: Path, json_out: bool = False) -> int:
+
+
+def compare_command(path_a: Path, path_b: Path, json_out: bool = False, formats: Sequence[str] = ()) -> int:
+    """`formats`: --format's entries; `json_out`: the old --json."""
+    outputs = choose_outputs(formats, "compare", json=json_out)
     result = compare_runs(load_run(path_a), load_run(path_b))
-    if json_out:
-        sys.stdout.write(json.dumps(result.to_dict(), sort_keys=True) + "\n")
-    else:
+    renderers = {JSON.name: lambda: json.dumps(result.to_dict(), sort_keys=True) + "\n"}
+    write_files(outputs, renderers)
+    if outputs.stdout == TERMINAL.name:
         render(result)
+    else:
+        sys.stdout.write(renderers[outputs.stdout]())
     return 0
 
 

@@ -12,6 +12,7 @@ fails, the replayed outputs stay in partial/ and `resume=True` grades them again
 
 from __future__ import annotations
 
+import inspect
 import platform
 import time
 from collections.abc import Sequence
@@ -22,7 +23,6 @@ from typing import Any
 from rich.console import Console
 
 from flakecheck.analysis.divergence import Thresholds
-from flakecheck.analysis.flip.load import DEFAULT_LOAD, LoadModel
 from flakecheck.analysis.verdicts import grade_run, memo_decode
 from flakecheck.data.compositions import Composition
 from flakecheck.data.input_format import encode_inputs, has_chat_template, resolve_inputs
@@ -33,17 +33,16 @@ from flakecheck.data.suite import Suite, check_prompt_lengths, load_suite
 from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, token_texts
 from flakecheck.engine.loader import DEFAULT_MODEL
 from flakecheck.engine.models import probe_dims, sharded_dims
-from flakecheck.engine.settings import DEFAULT_GPU_MEMORY_UTILIZATION
 from flakecheck.engine.spec import EngineSpec, resolve_engine
 from flakecheck.errors import UserError
-from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import GraderSpec, grader_spec
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.kernels.tensor_parallel import TP_INVARIANT, check_size
-from flakecheck.machine.device import Device, peak_memory
+from flakecheck.machine.device import peak_memory
 from flakecheck.machine.fingerprint import in_force
 from flakecheck.replay import CaseRequest, replay_runs
 from flakecheck.replay.cluster import Cluster, ClusterSettings
+from flakecheck.run.options import RUN_OPTIONS, signature
 from flakecheck.run.pipeline import (
     SourceRecord,
     TokenTexts,
@@ -79,33 +78,25 @@ class PreparedRun:
                              config.resume_command(self.directory.path), note=" (with or without --ray)")
 
 
-def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_MODEL, dtype: str = "bfloat16",
-              kernels: str | KernelPolicy = "splitk", backend: str = "auto", profile: str = "auto",
-              device: str | Device = "auto",
-              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-              compositions: Sequence[Composition] | None = None, max_tokens: int = 64, gap_threshold: float = 0.05,
-              gap_window: int = 50, repeat: int = 1, limit: int | None = None, ids: Sequence[str] = (),
-              replay: str = "auto", out: str | Path | None = None, html: bool = True, input_format: str = "auto",
-              grader: str | Sequence[str] | None = None, grader_timeout: float = GRADER_TIMEOUT_S,
-              ray: str | None = None, workers: int = 2, cpus_per_worker: int | None = None,
-              allow_mixed_devices: bool = False, sample: int = 0, load: str | LoadModel = DEFAULT_LOAD,
-              sample_seed: int = 0, sample_tp: str | Sequence[int] = (1,), resume: bool = False,
-              progress: bool = False) -> RunData:
-    """Replay `suite` under each composition and write a run directory; returns it loaded. The options are
-    `flakecheck run`'s; `model` may be a model loaded before (its dtype is the run's); `kernels` and `device` may
-    be text or the values it parses to (a KernelPolicy, a Device)."""
+def run_suite(suite: str | Path | Suite, *, model: str | LoadedModel = DEFAULT_MODEL, resume: bool = False,
+              progress: bool = False, **options: Any) -> RunData:
+    """Replay `suite` under each composition and write a run directory; returns it loaded. The keywords are
+    `flakecheck run`'s options, declared once in flakecheck/run/options.py (help(run_suite) lists them with
+    their defaults); `model` may be a model loaded before (its dtype is the run's); `kernels` and `device` may
+    be text or the values it parses to (a KernelPolicy, a Device); `compositions` a list of Compositions."""
     loaded = model if isinstance(model, LoadedModel) else None
-    config = RunConfig.parse(
-        suite.path if isinstance(suite, Suite) else Path(suite), model=loaded.spec if loaded else str(model),
-        dtype=str(loaded.dtype).removeprefix("torch.") if loaded else dtype, kernels=kernels, backend=backend,
-        profile=profile, device=device, gpu_memory_utilization=gpu_memory_utilization, compositions=compositions,
-        max_tokens=max_tokens,
-        gap_threshold=gap_threshold, gap_window=gap_window, repeat=repeat, limit=limit, ids=ids, replay=replay,
-        out=out, html=html, input_format=input_format, grader=grader, grader_timeout=grader_timeout, ray=ray,
-        workers=workers, cpus_per_worker=cpus_per_worker, allow_mixed_devices=allow_mixed_devices, sample=sample,
-        load=load, sample_seed=sample_seed, sample_tp=sample_tp)
+    if loaded:
+        options["dtype"] = str(loaded.dtype).removeprefix("torch.")
+    config = RunConfig.parse(suite.path if isinstance(suite, Suite) else Path(suite),
+                             model=loaded.spec if loaded else str(model), **options)
     return execute(config, model=loaded, suite=suite if isinstance(suite, Suite) else None, resume=resume,
                    progress=progress)
+
+
+# help(run_suite) and an editor show every run option's keyword and default
+run_suite.__signature__ = signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("suite", inspect.Parameter.POSITIONAL_OR_KEYWORD)],
+    [o for o in RUN_OPTIONS if o.in_config or o.part == "call"], RunData)
 
 
 def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite | None = None,

@@ -1,30 +1,31 @@
 """The settings of one `flakecheck run`, typed, frozen and validated once.
 
-`RunConfig.parse` is where the options' text (the command line's, the Python API's, meta.json's `config`
-block) becomes typed: the engine settings (the kernel policy a `KernelPolicy`), the compositions, the load
-model and its draws (drawn once, here). From then on the RunConfig is the only description of the run: it
+The options are declared once in flakecheck/run/options.py. `RunConfig.parse` takes them as keywords: it is
+where their text (the command line's, the Python API's, meta.json's `config` block) becomes typed: the engine
+settings (the kernel policy a `KernelPolicy`), the compositions, the load model and its draws (drawn once,
+here). From then on the RunConfig is the only description of the run: it
 yields the trace fingerprint that `--resume` compares, the `config` block of meta.json, and the command lines
 the reports print (resume, the fixed-order rerun) — regenerated from fields, never edited as strings.
 """
 
 from __future__ import annotations
 
+import inspect
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis.flip.load import DEFAULT_LOAD, LoadModel, parse_load, parse_tp_sizes, sample_compositions
+from flakecheck.analysis.flip.load import LoadModel, parse_load, parse_tp_sizes, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.data.input_format import INPUT_FORMATS
-from flakecheck.engine.loader import DEFAULT_MODEL
-from flakecheck.engine.settings import DEFAULT_GPU_MEMORY_UTILIZATION, EngineSettings
+from flakecheck.engine.settings import EngineSettings
 from flakecheck.errors import UserError
-from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 from flakecheck.grading.external import check_timeout, grader_argv
 from flakecheck.kernels.policy import UNIFORM_POLICIES, KernelPolicy
 from flakecheck.machine.device import Device
+from flakecheck.run.options import CONFIG_OPTIONS, ENGINE_OPTIONS, FIELD_OPTIONS, OPTIONS, keywords, signature
 
 REPLAY_MODES = ("auto", "simulated", "physical")
 
@@ -49,10 +50,6 @@ def check_common(settings: Any, int_minimums: Sequence[tuple[str, int]]) -> None
         raise UserError(f"--limit must be an integer >= 1, got {limit!r}")
     if not (isinstance(settings.gap_threshold, (int, float)) and settings.gap_threshold > 0):
         raise UserError(f"--gap-threshold must be > 0, got {settings.gap_threshold!r}")
-
-
-def parse_ids(text: str | None) -> tuple[str, ...]:
-    return tuple(i.strip() for i in text.split(",") if i.strip()) if text else ()
 
 
 @dataclass(frozen=True)
@@ -88,24 +85,25 @@ class RunConfig:
     engine: EngineSettings = EngineSettings()
     named: tuple[Composition, ...] = DEFAULT_COMPOSITIONS  # the compositions the user named, the reference first
     sampling: Sampling | None = None  # compositions drawn from a load, replayed after the named ones
-    load: LoadModel = parse_load(DEFAULT_LOAD)  # checked even without --sample: a bad --load is refused
-    max_tokens: int = 64
-    gap_threshold: float = 0.05
-    gap_window: int = 50
-    repeat: int = 1
-    limit: int | None = None
-    ids: tuple[str, ...] = ()
-    replay: str = "auto"
-    out: Path | None = None
-    html: bool = True
-    input_format: str = "auto"
+    load: LoadModel = parse_load(OPTIONS["load"].default)  # checked even without --sample: a bad --load is refused
+    # the `field` options (flakecheck/run/options.py), typed; their defaults are the declared ones
+    max_tokens: int = OPTIONS["max_tokens"].default
+    gap_threshold: float = OPTIONS["gap_threshold"].default
+    gap_window: int = OPTIONS["gap_window"].default
+    repeat: int = OPTIONS["repeat"].default
+    limit: int | None = OPTIONS["limit"].default
+    ids: tuple[str, ...] = OPTIONS["ids"].default
+    replay: str = OPTIONS["replay"].default
+    out: Path | None = OPTIONS["out"].default
+    html: bool = OPTIONS["html"].default
+    input_format: str = OPTIONS["input_format"].default
     grader: tuple[str, ...] = ()  # argv of an external grader (flakecheck.grading.external); () grades by checks
-    grader_timeout: float = GRADER_TIMEOUT_S
+    grader_timeout: float = OPTIONS["grader_timeout"].default
     # where simulated replay runs: None in this process; "local" (a local Ray cluster), "auto" or an address
-    ray: str | None = None
-    workers: int = 2
-    cpus_per_worker: int | None = None
-    allow_mixed_devices: bool = False
+    ray: str | None = OPTIONS["ray"].default
+    workers: int = OPTIONS["workers"].default
+    cpus_per_worker: int | None = OPTIONS["cpus_per_worker"].default
+    allow_mixed_devices: bool = OPTIONS["allow_mixed_devices"].default
 
     def __post_init__(self) -> None:
         normalise_common(self)
@@ -125,28 +123,19 @@ class RunConfig:
                             "compositions can only be replayed physically (use --replay physical or auto)")
 
     @classmethod
-    def parse(cls, suite: Path | str, *, model: str = DEFAULT_MODEL, dtype: str = "bfloat16",
-              kernels: str | KernelPolicy = "splitk", backend: str = "auto", profile: str = "auto",
-              device: str | Device = "auto",
-              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-              compositions: Sequence[Composition] | None = None, max_tokens: int = 64, gap_threshold: float = 0.05,
-              gap_window: int = 50, repeat: int = 1, limit: int | None = None, ids: Sequence[str] = (),
-              replay: str = "auto", out: Path | str | None = None, html: bool = True, input_format: str = "auto",
-              grader: str | Sequence[str] | None = None, grader_timeout: float = GRADER_TIMEOUT_S,
-              ray: str | None = None, workers: int = 2, cpus_per_worker: int | None = None,
-              allow_mixed_devices: bool = False, sample: int = 0, load: str | LoadModel = DEFAULT_LOAD,
-              sample_seed: int = 0, sample_tp: str | Sequence[int] = (1,)) -> RunConfig:
-        """The settings from the options' text: the one place text becomes typed."""
-        engine = EngineSettings.parse(model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
-                                      device=device, gpu_memory_utilization=gpu_memory_utilization)
-        load_model = load if isinstance(load, LoadModel) else parse_load(load)
-        named = tuple(compositions) if compositions is not None else DEFAULT_COMPOSITIONS
-        sampling = Sampling.draw(load_model, sample, sample_seed, parse_tp_sizes(sample_tp))
-        return cls(Path(suite), engine, named, sampling, load_model,
-                   max_tokens, gap_threshold, gap_window, repeat, limit, tuple(ids), replay,
-                   Path(out) if out is not None else None, html, input_format,
-                   grader_argv(grader) if grader else (), grader_timeout, ray, workers, cpus_per_worker,
-                   allow_mixed_devices)
+    def parse(cls, suite: Path | str, **options: Any) -> RunConfig:
+        """The settings from the options' text (the command line's, the Python API's, meta.json's): the one
+        place text becomes typed. The keywords are the run options (flakecheck/run/options.py; `kernels` and
+        `device` may be a KernelPolicy or a Device already, `compositions` a list of Compositions)."""
+        o = keywords(options, CONFIG_OPTIONS, "RunConfig.parse")
+        engine = EngineSettings.parse(**{name: o[name] for name in ENGINE_OPTIONS})
+        load_model = o["load"] if isinstance(o["load"], LoadModel) else parse_load(o["load"])
+        named = tuple(o["compositions"]) if o["compositions"] is not None else DEFAULT_COMPOSITIONS
+        sampling = Sampling.draw(load_model, o["sample"], o["sample_seed"], parse_tp_sizes(o["sample_tp"]))
+        fields = {name: o[name] for name in FIELD_OPTIONS}
+        fields.update(ids=tuple(fields["ids"]), out=Path(fields["out"]) if fields["out"] is not None else None,
+                      grader=grader_argv(fields["grader"]) if fields["grader"] else ())
+        return cls(Path(suite), engine, named, sampling, load_model, **fields)
 
     @property
     def policy(self) -> KernelPolicy:
@@ -173,43 +162,14 @@ class RunConfig:
 
     def argv(self) -> list[str]:
         """`flakecheck run ...` that makes this run again: every setting that differs from its default."""
-        args = ["flakecheck", "run", str(self.suite)]
-        engine, default_engine = self.engine.to_dict(), EngineSettings().to_dict()
-        for name, value in engine.items():
-            if value != default_engine[name]:
-                args += [f"--{name.replace('_', '-')}", str(value)]
         defaults = RunConfig(self.suite)
-        for name in ("max_tokens", "gap_threshold", "gap_window", "repeat", "limit", "replay", "input_format"):
-            value = getattr(self, name)
-            if value != getattr(defaults, name):
-                args += [f"--{name.replace('_', '-')}", str(value)]
-        if self.named != defaults.named:
-            for composition in self.named:
-                args += ["--composition", composition.to_spec()]
-        if self.sampling is not None:
-            args += ["--sample", str(self.sampling.n)]
-        if self.load.spec != defaults.load.spec:
-            args += ["--load", self.load.spec]
-        if self.sampling is not None and self.sampling.seed != 0:
-            args += ["--seed", str(self.sampling.seed)]
-        if self.sampling is not None and self.sampling.tp_sizes != (1,):
-            args += ["--tp", ",".join(map(str, self.sampling.tp_sizes))]
-        if self.ids:
-            args += ["--ids", ",".join(self.ids)]
-        if self.out is not None:
-            args += ["--out", str(self.out)]
-        if not self.html:
-            args.append("--no-html")
-        if self.grader:
-            args += ["--grader", shlex.join(self.grader)]
-        if self.grader_timeout != defaults.grader_timeout:
-            args += ["--grader-timeout", f"{self.grader_timeout:g}"]
-        if self.ray is not None:
-            args += ["--ray", self.ray, "--workers", str(self.workers)]
-            if self.cpus_per_worker is not None:
-                args += ["--cpus-per-worker", str(self.cpus_per_worker)]
-            if self.allow_mixed_devices:
-                args.append("--allow-mixed-devices")
+        args = ["flakecheck", "run", str(self.suite)]
+        for option in CONFIG_OPTIONS:
+            if option.name == "compositions":  # the command line names the named ones; the draws come from --sample
+                if self.named != defaults.named:
+                    args += [a for c in self.named for a in ("--composition", c.to_spec())]
+            else:
+                args += option.argv(self, defaults)
         return args
 
     def command(self) -> str:
@@ -230,45 +190,26 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """meta.json's `config` block: the options as `parse` takes them (a file's load histogram in full, so
         the run can be read back when the file has gone)."""
-        return {
-            "suite": str(self.suite), **self.engine.to_dict(),
-            "compositions": [c.to_dict() for c in self.compositions],
-            "max_tokens": self.max_tokens, "gap_threshold": self.gap_threshold, "gap_window": self.gap_window,
-            "repeat": self.repeat, "limit": self.limit, "ids": list(self.ids), "replay": self.replay,
-            "out": str(self.out) if self.out is not None else None, "html": self.html,
-            "input_format": self.input_format, "grader": list(self.grader), "grader_timeout": self.grader_timeout,
-            "ray": self.ray, "workers": self.workers, "cpus_per_worker": self.cpus_per_worker,
-            "allow_mixed_devices": self.allow_mixed_devices,
-            "sample": self.sampling.n if self.sampling else 0, "load": self.load.spec,
-            "load_model": self.load.to_dict(), "sample_seed": self.sampling.seed if self.sampling else 0,
-            "sample_tp": list(self.sampling.tp_sizes) if self.sampling else [1],
-        }
+        return {"suite": str(self.suite), **{o.name: o.record(self) for o in CONFIG_OPTIONS},
+                "load_model": self.load.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], device: str | Device | None = None) -> RunConfig:
         """A config read back from meta.json. Its compositions list the draws too: they are drawn again,
         identically, from the recorded load (a file's histogram is in the record: the file may have gone).
         `device`: replay on another device than the recorded one (`auto`, `cpu`, `cuda:N`)."""
-        def get(key: str, default: Any) -> Any:
-            return default if data.get(key) is None else data[key]
-
+        options = {o.name: o.read(data) for o in CONFIG_OPTIONS}
         recorded = data.get("load_model")
-        load = LoadModel.from_dict(recorded) if isinstance(recorded, dict) else parse_load(get("load", DEFAULT_LOAD))
-        sample, seed, tp = int(get("sample", 0)), int(get("sample_seed", 0)), tuple(get("sample_tp", [1]))
-        drawn = {c.name for c in sample_compositions(load, sample, seed, tp)} if sample else set()
-        named = [c for c in map(Composition.from_dict, get("compositions", [])) if c.name not in drawn]
-        return cls.parse(
-            str(data["suite"]), model=get("model", DEFAULT_MODEL), dtype=get("dtype", "bfloat16"),
-            kernels=get("kernels", "splitk"), backend=get("backend", "auto"), profile=get("profile", "h100"),
-            device=device if device is not None else get("device", "cpu"),
-            gpu_memory_utilization=get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION),
-            compositions=named or None, max_tokens=get("max_tokens", 64),
-            gap_threshold=get("gap_threshold", 0.05), gap_window=get("gap_window", 50), repeat=get("repeat", 1),
-            limit=data.get("limit"), ids=tuple(get("ids", ())), replay=get("replay", "auto"), out=data.get("out"),
-            html=get("html", True), input_format=get("input_format", "auto"), grader=tuple(get("grader", ())),
-            grader_timeout=get("grader_timeout", GRADER_TIMEOUT_S), ray=data.get("ray"), workers=get("workers", 2),
-            cpus_per_worker=data.get("cpus_per_worker"), allow_mixed_devices=get("allow_mixed_devices", False),
-            sample=sample, load=load, sample_seed=seed, sample_tp=tp)
+        load = LoadModel.from_dict(recorded) if isinstance(recorded, dict) else parse_load(options["load"])
+        sample, seed, tp = int(options["sample"]), int(options["sample_seed"]), options["sample_tp"]
+        tp_sizes = parse_tp_sizes(tp if isinstance(tp, str) else tuple(tp))
+        drawn = {c.name for c in sample_compositions(load, sample, seed, tp_sizes)} if sample else set()
+        named = [c for c in map(Composition.from_dict, options["compositions"] or []) if c.name not in drawn]
+        options.update(compositions=named or None, load=load, sample=sample, sample_seed=seed, sample_tp=tp_sizes,
+                       ids=tuple(options["ids"]), grader=tuple(options["grader"] or ()))
+        if device is not None:
+            options["device"] = device
+        return cls.parse(str(data["suite"]), **options)
 
     def trace_settings(self) -> dict[str, Any]:
         """The settings that decide the traces (a resume must not change them). Thresholds and the grader
@@ -279,3 +220,9 @@ class RunConfig:
             "repeat": self.repeat, "compositions": [c.to_dict() for c in self.compositions],
             "input_format": self.input_format,
         }
+
+
+# help(RunConfig.parse) and an editor show every option's keyword and default
+RunConfig.parse.__func__.__signature__ = signature(  # type: ignore[attr-defined]
+    [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in ("cls", "suite")],
+    CONFIG_OPTIONS, "RunConfig")
