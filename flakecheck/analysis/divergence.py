@@ -27,6 +27,7 @@ from typing import Any
 from flakecheck.analysis.flip.observed import observe
 from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
 from flakecheck.analysis.flip_kind import classify_flip
+from flakecheck.data.routing import routing_divergence
 from flakecheck.data.suite import Case
 from flakecheck.data.traces import Trace, VerdictKey, run_label
 
@@ -152,6 +153,7 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
             "case_id": case.id, "composition": trace.composition, "repeat": trace.repeat,
             "token_ids": trace.token_ids, "text": text, "finish_reason": trace.finish_reason,
             "passed": passed, "first_divergence": divergence, "n_tokens": len(trace.token_ids),
+            "routing_divergence": routing_divergence(ref.routing_digests, trace.routing_digests),
         })
         for step, (token, lp1, top2, lp2) in enumerate(
             zip(trace.token_ids, trace.top1_logprobs, trace.top2_ids, trace.top2_logprobs)
@@ -162,6 +164,8 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
                 "top1_logprob": lp1, "top2_id": top2, "top2_logprob": lp2, "gap": lp1 - lp2,
                 "top2_token": token_text(top2),
                 "top1_logit": trace.top1_logits[step] if trace.top1_logits is not None else None,
+                "routing_margin": trace.routing_margins[step] if trace.routing_margins is not None else None,
+                "routing_layer": trace.routing_layers[step] if trace.routing_layers is not None else None,
             })
     window = step_gaps(ref)[: thresholds.gap_window]
     near_ties = sum(gap < thresholds.gap_threshold for gap in window)

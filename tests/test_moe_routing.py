@@ -1,0 +1,100 @@
+"""Routing in the traces of a mixture of experts: per generated token the experts every sparse layer chose for
+the row that produced it and the smallest k-th/(k+1)-th router gap (and its layer), as transformers' own router
+computes them; per (case, composition) the first step whose experts differ from the reference's; dense models
+and old run directories carry none and still read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import flakecheck
+from flakecheck.data.compositions import Composition
+from flakecheck.data.routing import routing_digest, routing_divergence
+from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
+from flakecheck.reports.markdown import render_markdown
+
+TOKENS = 4
+
+
+def test_the_engines_routing_is_transformers_router(tiny_model_factory) -> None:
+    """fp32 Mixtral: per generated token, the experts of every layer and the smallest top-k margin are those of
+    transformers' router logits at the row that produced the token."""
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_factory("mixtral")
+    model = load_model(str(path), "float32")
+    prompt = encode_prompt(model, [{"role": "user", "content": "Name three colours."}])
+    [done] = LLMEngine(model).generate([Request(0, prompt, SamplingParams(TOKENS, ignore_eos=True))])
+    assert done.routing is not None and len(done.routing) == TOKENS
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt + done.token_ids]), output_router_logits=True)
+    k = hf.config.num_experts_per_tok
+    for step, routing in enumerate(done.routing):
+        row = len(prompt) - 1 + step
+        probs = [torch.softmax(layer.reshape(-1, layer.shape[-1])[row].float(), -1) for layer in out.router_logits]
+        ranked = [p.sort(descending=True) for p in probs]
+        assert [set(e) for e in routing.experts] == [set(order[:k].tolist()) for _, order in ranked]
+        margins = [float(v[k - 1] - v[k]) for v, _ in ranked]
+        assert routing.margin == pytest.approx(min(margins), abs=1e-5)
+        assert margins[routing.layer] == pytest.approx(routing.margin, abs=1e-5)
+
+
+@given(st.lists(st.lists(st.integers(0, 63), min_size=2, max_size=2), min_size=1, max_size=4), st.randoms())
+def test_a_digest_is_of_each_layers_set_of_experts(layers: list[list[int]], rnd) -> None:  # type: ignore[no-untyped-def]
+    shuffled = [rnd.sample(layer, len(layer)) for layer in layers]
+    assert routing_digest(shuffled) == routing_digest(layers)
+    other = [list(layer) for layer in layers]
+    other[-1][0] = 64  # an expert no layer above chose
+    assert routing_digest(other) != routing_digest(layers)
+
+
+@given(st.lists(st.integers(-5, 5), max_size=8), st.lists(st.integers(-5, 5), max_size=8))
+def test_a_routing_divergence_is_the_first_differing_step(a: list[int], b: list[int]) -> None:
+    step = routing_divergence(a, b)
+    if step is None:
+        assert not a or not b or a[:len(b)] == b[:len(a)]
+    else:
+        assert a[:step] == b[:step] and a[step] != b[step]
+    assert routing_divergence(None, b) is None
+
+
+def _suite(tmp_path: Path, n: int = 3) -> Path:
+    suite = tmp_path / "s.jsonl"
+    suite.write_text("".join(json.dumps({"id": f"q{i}", "input": f"Count to {i + 3}.", "max_tokens": TOKENS}) + "\n"
+                             for i in range(n)))
+    return suite
+
+
+COMPOSITIONS = [Composition("solo"), Composition("batch4", max_batch=4, chunk=7)]
+
+
+def test_a_moe_runs_tables_carry_routing_and_invariant_never_diverges(tiny_model_factory, tmp_path: Path) -> None:
+    model = load_model(str(tiny_model_factory("qwen3-moe")), "bfloat16")  # layer 0 dense: never the margin's layer
+    run = flakecheck.run_suite(_suite(tmp_path), model=model, out=tmp_path / "run", html=False,
+                               kernels="invariant", compositions=COMPOSITIONS)
+    assert run.tokens["routing_margin"].notna().all() and (run.tokens["routing_margin"] >= 0).all()
+    assert set(run.tokens["routing_layer"]) <= {1}  # the one sparse layer
+    assert run.runs["routing_divergence"].isna().all(), "fixed-order kernels: the same experts in every composition"
+
+
+def test_dense_traces_carry_no_routing_and_old_run_directories_still_render(tiny_model_dir, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    run = flakecheck.run_suite(_suite(tmp_path, 2), model=load_model(str(tiny_model_dir), "bfloat16"),
+                               out=tmp_path / "run", html=False, kernels="splitk", compositions=COMPOSITIONS)
+    assert run.tokens["routing_margin"].isna().all() and run.runs["routing_divergence"].isna().all()
+    for name, column in (("tokens", "routing_margin"), ("tokens", "routing_layer"), ("runs", "routing_divergence")):
+        path = tmp_path / "run" / f"{name}.parquet"
+        table = pq.read_table(path)
+        pq.write_table(table.drop_columns([column]), path)  # as a run directory written before MoE routing
+    old = flakecheck.load_run(tmp_path / "run")
+    assert "routing_margin" not in old.tokens
+    assert render_markdown(old) == render_markdown(run), "a dense run renders the same with or without the columns"
+
