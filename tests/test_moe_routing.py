@@ -14,8 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flakecheck
+from flakecheck.analysis.divergence import Thresholds, analyse
+from flakecheck.analysis.flip_kind import classify_flip
 from flakecheck.data.compositions import Composition
 from flakecheck.data.routing import routing_digest, routing_divergence
+from flakecheck.data.suite import Case
+from flakecheck.data.traces import Trace
 from flakecheck.engine import LLMEngine, Request, SamplingParams, encode_prompt, load_model
 from flakecheck.reports.markdown import render_markdown
 
@@ -98,3 +102,61 @@ def test_dense_traces_carry_no_routing_and_old_run_directories_still_render(tiny
     assert "routing_margin" not in old.tokens
     assert render_markdown(old) == render_markdown(run), "a dense run renders the same with or without the columns"
 
+
+
+# ------------------------------------------------------------------------------------- the routing flip kind
+
+def _routed(case_id: str, comp: str, ids: list[int], gap: float, experts: list[int]) -> Trace:
+    """A trace whose every step has top-1/top-2 gap `gap` and, per step, one digest of its experts."""
+    top1 = [-0.1] * len(ids)
+    return Trace(case_id, comp, 0, ids, ids, top1, [i + 1 for i in ids], [lp - gap for lp in top1], "length",
+                 routing_margins=[0.01] * len(ids), routing_layers=[0] * len(ids), routing_digests=experts)
+
+
+@given(st.integers(0, 5), st.integers(0, 6), st.sampled_from([0.0, 0.02, 3.0]))
+def test_a_routing_flip_is_a_confident_gap_with_other_experts_at_or_before_it(
+        diverge: int, rerouted: int, gap: float) -> None:
+    n = 6
+    ref_ids = [1] * n
+    alt_ids = [1] * diverge + [2] * (n - diverge)
+    alt_experts = [0] * rerouted + [1] * (n - rerouted)
+    traces = [_routed("a", "solo", ref_ids, gap, [0] * n), _routed("a", "batch", alt_ids, gap, alt_experts)]
+    tables = analyse(traces, [Case("a", "q", (), (), None, {}, 1)], "solo", Thresholds(0.05, 50), lambda ids: "",
+                     str, verdicts={("a", "solo", 0): None, ("a", "batch", 0): None}, dtype="bfloat16")
+    alt = next(r for r in tables.runs if r["composition"] == "batch")
+    assert alt["first_divergence"] == diverge
+    assert alt["routing_divergence"] == (rerouted if rerouted < n else None)
+    without = classify_flip(gap, None, "bfloat16", 0.05, tables.gap_noise)
+    kind = tables.cases[0]["flip_kind"]
+    if without == "confident" and rerouted <= diverge:
+        assert kind == "routing"
+    else:
+        assert kind == without, "a tie or near-tie keeps its kind; other experts after the flip do not explain it"
+
+
+def test_every_report_format_counts_routing_flips(tmp_path: Path) -> None:
+    """A constructed MoE run: one routing flip, one near-tie flip (its experts changed too), one stable case."""
+    import io
+
+    from rich.console import Console
+
+    from flakecheck.reports.html import render_html
+    from flakecheck.reports.json_report import render_json
+    from flakecheck.reports.terminal import render_summary
+    from tests.run_builder import CaseSpec, RunSpec, write_run
+
+    n = 4
+    traces = [_routed("r", "solo", [3] * n, 3.0, [0] * n), _routed("r", "batch", [3, 3, 4, 4], 3.0, [0, 1, 1, 1]),
+              _routed("t", "solo", [3] * n, 0.02, [0] * n), _routed("t", "batch", [3, 4, 4, 4], 0.02, [0, 1, 1, 1]),
+              _routed("s", "solo", [3] * n, 3.0, [0] * n), _routed("s", "batch", [3] * n, 3.0, [0] * n)]
+    spec = RunSpec(["solo", "batch"], [CaseSpec(c, None, [], []) for c in ("r", "t", "s")])
+    run = write_run(tmp_path / "run", spec, traces)
+    assert dict(zip(run.cases.case_id, run.cases.flip_kind.fillna("-"))) == {"r": "routing", "t": "near_tie",
+                                                                                "s": "-"}
+    out = io.StringIO()
+    render_summary(run, Console(file=out, width=200, color_system=None))
+    expected = "0 tie · 1 near_tie · 0 confident · 1 routing"
+    for text in (out.getvalue(), render_markdown(run), render_html(run)):
+        assert expected in text
+        assert "other experts in 2 of 3 cases" in text
+    assert json.loads(render_json(run))["flips"]["counts"]["routing"] == 1
