@@ -160,3 +160,45 @@ def test_every_report_format_counts_routing_flips(tmp_path: Path) -> None:
         assert expected in text
         assert "other experts in 2 of 3 cases" in text
     assert json.loads(render_json(run))["flips"]["counts"]["routing"] == 1
+
+
+# ------------------------------------------------------------------- explain: the router and the experts apart
+
+@pytest.mark.parametrize("alone", ["router", "experts"])
+def test_a_policy_splits_the_router_or_the_experts_alone(alone: str, tiny_wide_factory) -> None:
+    from flakecheck.engine.models import model_dims
+    from flakecheck.kernels import StepShape
+    from flakecheck.kernels.plan import FIXED
+    from flakecheck.kernels.policy import KernelPolicy, parse_policy, plan_step
+
+    dims = model_dims(load_model(str(tiny_wide_factory("mixtral")), "bfloat16").config)
+    policy = KernelPolicy(**{alone: "splitk"})
+    assert parse_policy(policy.name) == policy and policy.matmul_orders == {"invariant", "splitk"}
+    plans = [plan_step(policy, StepShape((m,), (m,), 1), dims, 132) for m in (1, 40)]
+    for plan in plans:
+        assert all(order == FIXED for nk, order in plan.projections if nk != dims.router)
+        assert plan.experts is not None and plan.lm_head == FIXED
+    router = {plan.projection(*dims.router) for plan in plans}
+    experts = {plan.experts.order(m, *dims.experts[-1]) for plan in plans for m in (1, 30)}  # type: ignore[union-attr]
+    split, fixed = (router, experts) if alone == "router" else (experts, router)
+    assert fixed == {FIXED} and FIXED not in split
+
+
+def test_explain_replays_the_router_and_the_experts_only_for_a_moe() -> None:
+    from flakecheck.explain.mechanisms import pairs
+    from flakecheck.explain.source import Divergence
+    from flakecheck.kernels.policy import KernelPolicy
+
+    divergence = Divergence("a", 3, COMPOSITIONS[1], 0, 1, 2, False)
+    splitk = KernelPolicy.of("splitk")
+    moe = {p.mechanism: p for p in pairs(divergence, COMPOSITIONS[0], splitk, moe=True)}
+    dense = {p.mechanism for p in pairs(divergence, COMPOSITIONS[0], splitk)}
+    assert {"router_splitk", "experts_splitk"} <= set(moe) and not dense & {"router_splitk", "experts_splitk"}
+    for mechanism, alone in (("router_splitk", "router"), ("experts_splitk", "experts")):
+        pair = moe[mechanism]
+        assert pair.a is not None and pair.b is not None and pair.a.policy == pair.b.policy
+        assert pair.a.policy == KernelPolicy(**{alone: "splitk"})  # every other matmul, attention, norm fixed
+    fixed_router = {p.mechanism: p.candidate for p in pairs(divergence, COMPOSITIONS[0],
+                                                             KernelPolicy("splitk", "splitk", "splitk", "invariant"),
+                                                             moe=True)}
+    assert fixed_router["router_splitk"] is False and fixed_router["experts_splitk"] is True

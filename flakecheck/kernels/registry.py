@@ -67,7 +67,7 @@ def get_ops(policy: KernelPolicy, backend: str = "auto", profile: str = "h100",
     torch backend's). ValueError naming the choices on a bad backend or profile."""
     get_profile(profile)
     resolved = backend_for(policy, backend, device)
-    orders = frozenset(p.matmul for p in also_plans)
+    orders = frozenset(o for p in also_plans for o in p.matmul_orders)
     if resolved == "triton":
         from flakecheck.kernels.triton_backend import TritonBackend  # imports triton, absent on some machines
 
