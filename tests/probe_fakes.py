@@ -27,6 +27,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from flakecheck.data.routing import encode_routed_experts
+
 WORDS = [" river", " stone", " light", " paper", " city", " music", " table", " winter", " forest", " number",
          " letter", " story", " bridge", " market", " summer", " quiet", " planet", " engine", " signal", " orange",
          " café", " naïve", " 42", "\n", " the", " a", " of", " and"]
@@ -56,6 +58,9 @@ class Behaviour:
     models_route: bool = True
     not_openai: bool = False
     fail_salt: str | None = None  # answer 500 to every request whose cache_salt contains this
+    # a mixture of experts (2 layers, top-2 of 8) returning vLLM's `routed_experts`: one row per prompt
+    # "token" (a word) and per generated token but the last; under load a near-tied router swaps an expert
+    routed_experts: bool = False
 
 
 @dataclass
@@ -64,6 +69,7 @@ class Record:
     authorizations: Counter = field(default_factory=Counter)
     in_flight: int = 0
     max_in_flight: int = 0
+    routed: dict[str, Any] = field(default_factory=dict)  # cache_salt -> the routed_experts text answered
 
 
 def next_step(prompt: str, history: list[int], in_flight: int, b: Behaviour) -> tuple[int, float, int, float]:
@@ -79,6 +85,16 @@ def next_step(prompt: str, history: list[int], in_flight: int, b: Behaviour) -> 
     if near_tie and b.batch_variance and in_flight >= b.flip_at:
         return top2, lp1 + 0.0002, top1, lp1 - 0.0002
     return top1, lp1, top2, lp1 - gap
+
+
+def fake_experts(prompt: str, row: int, in_flight: int, b: Behaviour) -> list[list[int]]:
+    """Row `row`'s top-2 of 8 experts in each of 2 layers; under load (`in_flight` >= flip_at) a near-tied
+    router (one row in five) swaps the second expert of layer 1."""
+    layers = [[int(_unit(prompt, row, layer, "e1") * 4), 4 + int(_unit(prompt, row, layer, "e2") * 4)]
+              for layer in range(2)]
+    if b.batch_variance and in_flight >= b.flip_at and _unit(prompt, row, "router-tie") < 0.2:
+        layers[1][1] = 4 + (layers[1][1] - 3) % 4
+    return layers
 
 
 def _text(token_id: int) -> str:
@@ -141,13 +157,18 @@ def make_app(b: Behaviour, record: Record) -> FastAPI:
         try:
             steps: list[tuple[int, float, int, float]] = []
             history: list[int] = []
+            loads: list[int] = []  # requests in flight at each step
             while len(steps) < int(body.get("max_tokens", 16)) and (not history or history[-1] != EOS):
                 await asyncio.sleep(b.step_delay_s)  # let other requests join, as in a batch
+                loads.append(record.in_flight)
                 steps.append(next_step(prompt, history, record.in_flight, b))
                 history.append(steps[-1][0])
         finally:
             record.in_flight -= 1
-        return _response(body, api, steps, b)
+        response = _response(body, api, steps, b, loads)
+        if "routed_experts" in response["choices"][0]:
+            record.routed[body.get("cache_salt", "")] = response["choices"][0]["routed_experts"]
+        return response
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -160,7 +181,8 @@ def make_app(b: Behaviour, record: Record) -> FastAPI:
     return app
 
 
-def _response(body: dict[str, Any], api: str, steps: list[tuple[int, float, int, float]], b: Behaviour) -> dict:
+def _response(body: dict[str, Any], api: str, steps: list[tuple[int, float, int, float]], b: Behaviour,
+              loads: list[int] | None = None) -> dict:
     as_ids = bool(body.get("return_tokens_as_token_ids"))
     text = b"".join(VOCAB[t] for t, *_ in steps).decode("utf-8", errors="replace")
     finish = "stop" if steps and steps[-1][0] == EOS else "length"
@@ -178,6 +200,12 @@ def _response(body: dict[str, Any], api: str, steps: list[tuple[int, float, int,
         else:
             logprobs = {"content": content}
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
+    if b.routed_experts and steps:
+        prompt = repr(body["messages"]) if api == "chat" else body["prompt"]
+        last = max(1, len(prompt.split())) - 1  # the prompt's last row chooses the first token
+        choice["routed_experts"] = encode_routed_experts(
+            [fake_experts(prompt, row, 0, b) for row in range(last)]
+            + [fake_experts(prompt, last + i, in_flight, b) for i, in_flight in enumerate(loads or [0] * len(steps))])
     if api == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:

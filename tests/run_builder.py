@@ -71,11 +71,13 @@ def suite_case(spec: CaseSpec, line: int) -> Case:
                 {"kind": "k<b>" if line % 2 else "é"}, line)
 
 
-def write_run(path: Path, spec: RunSpec) -> RunData:
-    """The run directory `flakecheck run` would write for these traces, through the same writer."""
+def write_run(path: Path, spec: RunSpec, traces: list[Trace] | None = None) -> RunData:
+    """The run directory `flakecheck run` would write for these traces (`traces`: instead of the spec's
+    outputs), through the same writer."""
     cases = [suite_case(c, i + 1) for i, c in enumerate(spec.cases)]
-    traces = [trace(c.case_id, comp, ids, c.gaps)
-              for c in spec.cases for comp, ids in zip(spec.compositions, c.outputs)]
+    if traces is None:
+        traces = [trace(c.case_id, comp, ids, c.gaps)
+                  for c in spec.cases for comp, ids in zip(spec.compositions, c.outputs)]
     source = pipeline.SourceRecord(
         "engine", "constructed", spec.dtype, Computer("splitk", "torch", "h100", op_orders=("splitk",) * 3),
         [{"name": n} for n in spec.compositions], "flakecheck run built.jsonl",

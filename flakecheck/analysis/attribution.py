@@ -9,10 +9,14 @@ from typing import Any
 REDUCTIONS = (("matmul_splitk", "matmul", "matmul split-K"),
               ("attention_splitkv", "attention", "attention split-KV"),
               ("norm_splits", "norm", "norm/softmax row splits"))
+# (mechanism, op class, label): a mixture of experts' two kinds of matmul, each replayed split alone (every other
+# matmul fixed-order): the router's (a routing flip) and the routed experts' per-expert split plans
+MOE_REDUCTIONS = (("router_splitk", "router", "router matmul split-K"),
+                  ("experts_splitk", "experts", "expert matmuls split-K"))
 # (mechanism, label): scheduling features, replayed with that feature removed
 SCHEDULING = (("chunked_prefill", "chunked prefill"), ("prefix_cache", "prefix cache"), ("batch_size", "batch size"),
               ("tensor_parallel", "tensor-parallel size"))
-LABELS = {m: label for m, _, label in REDUCTIONS} | dict(SCHEDULING)
+LABELS = {m: label for m, _, label in REDUCTIONS + MOE_REDUCTIONS} | dict(SCHEDULING)
 MECHANISMS = tuple(LABELS)
 INTERACTION = "interaction"
 

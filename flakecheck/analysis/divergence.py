@@ -13,7 +13,9 @@ no generated tokens has risk 0.
 flip_kind classifies each diverged case's first divergence as a tie, a near-tie or a confident flip from
 the reference's gap there, the run's dtype and the gap noise the run measured (`gap_noise`: the largest
 |gap(other) - gap(reference)| at a step before the two diverged, where both ranked the same two tokens
-first; see flakecheck.analysis.flip_kind). Verdicts come in from outside
+first; see flakecheck.analysis.flip_kind); a mixture of experts' confident flip is a routing flip when a run
+that diverges at that step chose other experts than the reference at that step or before (runs.parquet's
+`routing_divergence`). Verdicts come in from outside
 (flakecheck.analysis.verdicts: the suite's checks or an external grader); analysis never grades.
 """
 
@@ -27,6 +29,7 @@ from typing import Any
 from flakecheck.analysis.flip.observed import observe
 from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
 from flakecheck.analysis.flip_kind import classify_flip
+from flakecheck.data.routing import routing_divergence
 from flakecheck.data.suite import Case
 from flakecheck.data.traces import Trace, VerdictKey, run_label
 
@@ -136,6 +139,7 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
                   decode: Callable[[list[int]], str], token_text: Callable[[int], str], tables: Tables,
                   verdicts_by_trace: Mapping[VerdictKey, bool | None], dtype: str) -> dict:
     earliest: tuple[int, Trace] | None = None
+    rerouted: dict[int, bool] = {}  # first token divergence -> some run diverging there changed experts by then
     verdicts: list[bool] = []
     texts: dict[tuple[int, ...], str] = {}  # most compositions reproduce the reference: decode it once
     for trace in traces:
@@ -148,10 +152,14 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
             verdicts.append(passed)
         if divergence is not None and (earliest is None or divergence < earliest[0]):
             earliest = (divergence, trace)
+        routed = routing_divergence(ref.routing_digests, trace.routing_digests)
+        if divergence is not None and routed is not None and routed <= divergence:
+            rerouted[divergence] = True
         tables.runs.append({
             "case_id": case.id, "composition": trace.composition, "repeat": trace.repeat,
             "token_ids": trace.token_ids, "text": text, "finish_reason": trace.finish_reason,
             "passed": passed, "first_divergence": divergence, "n_tokens": len(trace.token_ids),
+            "routing_divergence": routed,
         })
         for step, (token, lp1, top2, lp2) in enumerate(
             zip(trace.token_ids, trace.top1_logprobs, trace.top2_ids, trace.top2_logprobs)
@@ -162,6 +170,8 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
                 "top1_logprob": lp1, "top2_id": top2, "top2_logprob": lp2, "gap": lp1 - lp2,
                 "top2_token": token_text(top2),
                 "top1_logit": trace.top1_logits[step] if trace.top1_logits is not None else None,
+                "routing_margin": trace.routing_margins[step] if trace.routing_margins is not None else None,
+                "routing_layer": trace.routing_layers[step] if trace.routing_layers is not None else None,
             })
     window = step_gaps(ref)[: thresholds.gap_window]
     near_ties = sum(gap < thresholds.gap_threshold for gap in window)
@@ -189,6 +199,6 @@ def _analyse_case(case: Case, traces: list[Trace], ref: Trace, thresholds: Thres
             "alt_token": token_text(trace.token_ids[step]) if step < len(trace.token_ids) else None,
             "gap_at_divergence": gap,
             "flip_kind": classify_flip(gap, reference_logit(ref, step), dtype, thresholds.gap_threshold,
-                                       tables.gap_noise),
+                                       tables.gap_noise, rerouted.get(step, False)),
         })
     return row

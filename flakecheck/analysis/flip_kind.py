@@ -10,7 +10,11 @@ numeric noise of the dtype its logits were computed in.
   noise of a few ulps, of the size the run saw elsewhere, flips it;
 - `confident`: above both. No batch composition moved a gap that far anywhere else in the run, so these
   deserve a look: a bug (a kernel that is wrong, not just reordered), or a numeric difference larger than
-  reduction order (another dtype, a quantised path, a different model or server build).
+  reduction order (another dtype, a quantised path, a different model or server build);
+- `routing` (a mixture of experts): a gap that would be `confident`, where the diverging composition's router
+  chose other experts than the reference's at that step or an earlier one (flakecheck.data.routing). Another
+  expert is another computation, not a rounding: a near-tie in the router's scores flipped a token whose own
+  top-1/top-2 gap is ordinary. A tie or near-tie gap keeps its kind even then (the gap explains the flip).
 
 In bf16 the measured noise matters: rounding differences in 30 layers of bf16 activations move a logit of
 ~25 by several ulps (1/8 each), so a gap of two ulps is routinely flipped by reordering alone.
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-FLIP_KINDS = ("tie", "near_tie", "confident")
+FLIP_KINDS = ("tie", "near_tie", "confident", "routing")
 # explicit mantissa bits and the smallest normal exponent of each floating-point format
 FORMATS = {"bfloat16": (7, -126), "float16": (10, -14), "float32": (23, -126)}
 ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
@@ -63,10 +67,11 @@ def noise_floor(gap: float, logit: float, dtype: str) -> float:
 
 
 def classify_flip(gap: float | None, logit: float | None, dtype: str, threshold: float,
-                  gap_noise: float = 0.0) -> str | None:
-    """'tie' | 'near_tie' | 'confident' for the reference's top-1/top-2 gap at a first divergence; None when
-    there is no gap (no divergence, or the reference had ended there). `gap_noise`: the largest gap shift
-    the run measured before any divergence (0 when unknown)."""
+                  gap_noise: float = 0.0, rerouted: bool = False) -> str | None:
+    """'tie' | 'near_tie' | 'confident' | 'routing' for the reference's top-1/top-2 gap at a first divergence;
+    None when there is no gap (no divergence, or the reference had ended there). `gap_noise`: the largest gap
+    shift the run measured before any divergence (0 when unknown); `rerouted`: the diverging run's experts
+    differed from the reference's at that step or before (a mixture of experts)."""
     if gap is None or not math.isfinite(gap):
         return None
     gap = max(gap, 0.0)
@@ -76,4 +81,6 @@ def classify_flip(gap: float | None, logit: float | None, dtype: str, threshold:
         tie_below, above = (noise_floor(gap, m, dtype) for m in UNKNOWN_LOGIT_RANGE)
     if gap <= tie_below:
         return "tie"
-    return "near_tie" if gap < threshold or gap <= max(above, gap_noise) else "confident"
+    if gap < threshold or gap <= max(above, gap_noise):
+        return "near_tie"
+    return "routing" if rerouted else "confident"

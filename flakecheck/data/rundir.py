@@ -35,6 +35,8 @@ RUNS_SCHEMA = pa.schema([
     ("passed", pa.bool_()),
     ("first_divergence", pa.int32()),
     ("n_tokens", pa.int32()),
+    # a mixture of experts: the first step whose chosen experts differ from the reference's (null: none, or dense)
+    ("routing_divergence", pa.int32()),
 ])
 
 TOKENS_SCHEMA = pa.schema([
@@ -52,6 +54,10 @@ TOKENS_SCHEMA = pa.schema([
     ("gap", pa.float32()),
     ("top2_token", pa.string()),  # the runner-up's text, for reports without a tokenizer
     ("top1_logit", pa.float32()),  # the chosen token's raw logit (null where the source reports none)
+    # a mixture of experts (null for a dense model): the smallest k-th minus (k+1)-th router probability over
+    # the layers for the row that chose the token, and that layer
+    ("routing_margin", pa.float32()),
+    ("routing_layer", pa.int32()),
 ])
 
 CASES_SCHEMA = pa.schema([
@@ -91,6 +97,9 @@ TRACE_SCHEMA = pa.schema([
     ("top2_logprobs", pa.list_(pa.float64())),
     ("finish_reason", pa.string()),
     ("top1_logits", pa.list_(pa.float64())),
+    ("routing_margins", pa.list_(pa.float64())),  # a mixture of experts' routing per step (flakecheck.data.routing)
+    ("routing_layers", pa.list_(pa.int32())),
+    ("routing_digests", pa.list_(pa.int64())),
 ])
 
 # attribution.parquet (`flakecheck explain`): one row per (diverged case, mechanism); see flakecheck.explain

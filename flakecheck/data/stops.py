@@ -47,7 +47,10 @@ def apply_stops(traces: Sequence[Trace], cases: Sequence[Case], decode: Callable
         out.append(replace(
             trace, token_ids=ids, top1_ids=trace.top1_ids[:keep], top1_logprobs=trace.top1_logprobs[:keep],
             top2_ids=trace.top2_ids[:keep], top2_logprobs=trace.top2_logprobs[:keep], finish_reason="stop",
-            top1_logits=None if trace.top1_logits is None else trace.top1_logits[:keep]))
+            top1_logits=None if trace.top1_logits is None else trace.top1_logits[:keep],
+            routing_margins=None if trace.routing_margins is None else trace.routing_margins[:keep],
+            routing_layers=None if trace.routing_layers is None else trace.routing_layers[:keep],
+            routing_digests=None if trace.routing_digests is None else trace.routing_digests[:keep]))
     return out, texts
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.prefix_cache import CachedBlock, PrefixCache
+from flakecheck.engine.routing import RowRouting
 from flakecheck.engine.scheduler import Scheduler
 from flakecheck.engine.sequence import LINEAGE_ROOT, Completion, SamplingParams, SeqStatus, Sequence
 
@@ -44,13 +45,15 @@ Scheduled = list[tuple[Sequence, int]]
 
 @dataclass(frozen=True)
 class Sampled:
-    """The sampler's result for one sequence: greedy top-1 and the runner-up, and top-1's raw logit."""
+    """The sampler's result for one sequence: greedy top-1 and the runner-up, top-1's raw logit, and the
+    routing of the row that chose it (None for a dense model)."""
 
     top1: int
     top2: int
     top1_logprob: float
     top2_logprob: float
     top1_logit: float
+    routing: RowRouting | None = None
 
 
 class EngineCore:
@@ -130,6 +133,8 @@ class EngineCore:
             seq.top2_ids.append(s.top2)
             seq.top2_logprobs.append(s.top2_logprob)
             seq.top1_logits.append(s.top1_logit)
+            if s.routing is not None:
+                seq.routing.append(s.routing)
             self.stats.generated_tokens += 1
             if s.top1 in self.eos_token_ids and not seq.params.ignore_eos:
                 seq.finish_reason = "stop"

@@ -11,6 +11,8 @@ from flakecheck.engine.engine_core import Sampled, Scheduled
 from flakecheck.engine.forward_batch import ForwardBatch
 from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.models import CausalLM
+from flakecheck.engine.models.moe import MoeLM
+from flakecheck.engine.routing import RowRouting
 from flakecheck.engine.sampler import greedy_top2
 from flakecheck.engine.sequence import SamplingParams, Sequence
 from flakecheck.kernels import AttentionLayout, BatchLayout, Ops, Segment, StepPlan, StepShape
@@ -127,10 +129,11 @@ def pack(steps: Seq[PlannedStep], cache: KVCache, ops: Ops, group: int,
     return builder.build(ops, group)
 
 
-def sample(logits: torch.Tensor, logprobs: torch.Tensor) -> list[Sampled]:
-    """One Sampled per row of a forward pass's logits."""
+def sample(logits: torch.Tensor, logprobs: torch.Tensor, routing: list[RowRouting] | None = None) -> list[Sampled]:
+    """One Sampled per row of a forward pass's logits (with its row's routing, for a mixture of experts)."""
     ids, values, top1_logits = greedy_top2(logits, logprobs)
-    return [Sampled(i[0], i[1], v[0], v[1], lg) for i, v, lg in zip(ids, values, top1_logits)]
+    rows = routing if routing is not None else [None] * len(ids)
+    return [Sampled(i[0], i[1], v[0], v[1], lg, r) for i, v, lg, r in zip(ids, values, top1_logits, rows)]
 
 
 class ModelRunner:
@@ -151,9 +154,18 @@ class ModelRunner:
     def forward_batch(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model.forward(batch, self.cache)
 
+    def sampled(self, batch: ForwardBatch) -> list[Sampled]:
+        """The forward pass's sampling rows, sampled; a mixture of experts' rows with their routing (a dense
+        model computes nothing more)."""
+        logits, logprobs = self.forward_batch(batch)
+        routing = None
+        if isinstance(self.model, MoeLM) and logits.shape[0]:
+            routing = self.model.routing(batch.sample_rows)
+        return sample(logits, logprobs, routing)
+
     def run(self, steps: Seq[PlannedStep]) -> list[list[Sampled]]:
         """Each step's sampled tokens, in its sampling sequences' order."""
-        sampled = sample(*self.forward(steps))
+        sampled = self.sampled(pack(steps, self.cache, self.model.ops, self.model.group))
         per_step, start = [], 0
         for step in steps:
             n = sum(seq.num_computed + k == len(seq.token_ids) for seq, k in step.scheduled)

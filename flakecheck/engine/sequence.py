@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from flakecheck.engine.routing import RowRouting
+
 LINEAGE_ROOT = bytes(16)  # the lineage digest before a sequence's first position: no keys and values yet
 
 
@@ -35,6 +37,7 @@ class Completion:
     finish_reason: str  # "stop" (EOS) or "length" (max_tokens)
     cached_prompt_tokens: int = 0
     top1_logits: list[float] = field(default_factory=list)  # the chosen token's raw logit (model dtype)
+    routing: list[RowRouting] | None = None  # per token, a mixture of experts' routing (None: a dense model)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Sequence:
     top2_ids: list[int] = field(default_factory=list)
     top2_logprobs: list[float] = field(default_factory=list)
     top1_logits: list[float] = field(default_factory=list)
+    routing: list[RowRouting] = field(default_factory=list)  # per generated token (a mixture of experts)
     # per computed position, a digest of what its keys and values are the result of (simulated replay
     # computes rows with equal digests once: flakecheck/replay/shared_rows.py); None where unknown
     lineage: list[bytes | None] = field(default_factory=list)
@@ -100,4 +104,5 @@ class Sequence:
             self.finish_reason or "length",
             self.cached_prompt_tokens,
             self.top1_logits,
+            self.routing if self.routing else None,
         )

@@ -73,7 +73,7 @@ def explain_run(run_dir: str | Path, *, ids: Sequence[str] = (), steps_after: in
         t0 = time.perf_counter()
         loaded = model if model is not None else source.config.engine.load()
         with_requests(source, loaded)
-        mechanism_pairs = {d.case_id: pairs(d, source.reference, source.policy) for d in divergences}
+        mechanism_pairs = {d.case_id: pairs(d, source.reference, source.policy, source.moe) for d in divergences}
         explain_replays, fix_replays = Replays(source), Replays(source)
         for d in divergences:
             for pair in mechanism_pairs[d.case_id]:

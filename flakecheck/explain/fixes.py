@@ -67,14 +67,24 @@ FIXES = (
 
 
 TP_FIXES = ("pin_tp", "tp_invariant")
+# a mixture of experts: the router's matmul fixed-order alone (removes routing flips), the experts' alone
+MOE_FIXES = (
+    Fix("fixed_router", "fixed-order router matmul only", "no separate switch (part of VLLM_BATCH_INVARIANT=1)",
+        "no separate switch (part of --enable-deterministic-inference)", kernels={"router": "invariant"}),
+    Fix("fixed_experts", "fixed-order expert matmuls only (one tiling whatever the tokens per expert)",
+        "no separate switch (part of VLLM_BATCH_INVARIANT=1; not for FP8 fused MoE)",
+        "no separate switch (part of --enable-deterministic-inference)", kernels={"experts": "invariant"}),
+)
 
 
 def fixes_for(source: RunSource) -> tuple[Fix, ...]:
     """The candidate fixes of a run: the TP ones only where some composition runs at another TP size (or
-    all-reduce) than the reference's — elsewhere there is no TP change to fix."""
+    all-reduce) than the reference's — elsewhere there is no TP change to fix; the router's and the experts'
+    only for a mixture of experts."""
     ref = source.reference
     varies = any((c.tp, c.allreduce) != (ref.tp, ref.allreduce) and max(c.tp, ref.tp) > 1 for c, _ in source.work)
-    return FIXES if varies else tuple(f for f in FIXES if f.id not in TP_FIXES)
+    fixes = FIXES if varies else tuple(f for f in FIXES if f.id not in TP_FIXES)
+    return fixes + MOE_FIXES if source.moe else fixes
 
 
 @dataclass

@@ -7,6 +7,9 @@ reproduces* a case's divergence when its pair's tokens first differ at the step 
   that op class keeps the run's split order and every other class is fixed-order: matmul split-K
   (`matmul=splitk,attention=invariant,norm=invariant`), attention split-KV, norm/softmax row splits. Only
   classes that are split (`splitk`) in the run's own policy are candidates: a fixed-order class cannot flip.
+  A mixture of experts adds two: the router's matmul split alone (`matmul=invariant,...,router=splitk`: a
+  routing flip reproduces under it) and the routed experts' matmuls split alone (`experts=splitk`: their
+  per-expert split plans, which follow the rows routed to each expert).
 - Scheduling mechanisms, under the run's own kernels, each as (the divergent composition without the
   feature, the divergent composition): chunked prefill (chunks -> whole prompts), prefix-cache reuse (cached
   -> recomputed KV), the batch-size axis alone (the reference against the divergent composition stripped
@@ -26,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from flakecheck.analysis.attribution import REDUCTIONS
+from flakecheck.analysis.attribution import MOE_REDUCTIONS, REDUCTIONS
 from flakecheck.analysis.divergence import first_divergence
 from flakecheck.data.compositions import Composition, Fillers
 from flakecheck.explain.source import Divergence
@@ -47,16 +50,17 @@ class Pair:
         return self.a is not None
 
 
-def pairs(divergence: Divergence, reference: Composition, run_policy: KernelPolicy) -> list[Pair]:
-    """Every mechanism's pair for one diverged case, candidates or not (with the reason)."""
+def pairs(divergence: Divergence, reference: Composition, run_policy: KernelPolicy, moe: bool = False) -> list[Pair]:
+    """Every mechanism's pair for one diverged case, candidates or not (with the reason); `moe`: the model is a
+    mixture of experts (its router and experts are replayed apart too)."""
     found = []
     d, r = divergence.composition, divergence.repeat
     other_tp = (d.tp, d.allreduce) != (reference.tp, reference.allreduce) and max(d.tp, reference.tp) > 1
     # the divergent composition at the reference's TP size: what the other mechanisms are replayed on
     at_reference_tp = replace(d, name=f"{d.name[:58]}-reftp", tp=reference.tp, allreduce=reference.allreduce) \
         if other_tp else d
-    for mechanism, op_class, _ in REDUCTIONS:
-        order = getattr(run_policy, op_class)
+    for mechanism, op_class, _ in REDUCTIONS + (MOE_REDUCTIONS if moe else ()):
+        order = getattr(run_policy, op_class) or run_policy.matmul  # router, experts: as matmul unless named
         if order != "splitk":
             found.append(Pair(mechanism, "reduction", None, None, f"{op_class} is {order} in the run's kernels"))
             continue

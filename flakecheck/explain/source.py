@@ -53,6 +53,7 @@ class RunSource:
     requests: list[CaseRequest]  # every case of the run, in the run's order (batch-mates matter)
     recorded: dict[tuple[str, int], dict[str, list[int]]]  # (composition, repeat) -> case id -> token ids
     finish: dict[tuple[str, int], dict[str, str]]  # ... -> finish_reason
+    moe: bool = False  # the model is a mixture of experts (known once it is loaded: with_requests)
 
     @property
     def reference(self) -> Composition:
@@ -135,8 +136,10 @@ def open_run(run_dir: str | Path, suite: str | Path | None = None, device: str |
 
 
 def with_requests(source: RunSource, model: LoadedModel) -> RunSource:
-    """The source with every case's prompt token ids, as the run encoded them for `model`."""
+    """The source with every case's prompt token ids, as the run encoded them for `model` (and whether it is a
+    mixture of experts)."""
     source.requests = case_requests(source.config, source.suite, model)
+    source.moe = model.config.traits.experts is not None
     return source
 
 

@@ -44,7 +44,7 @@ class Ops:
         self.sms = get_profile(profile).sms
         # the matmul orders the weights are prepared for: the policy's own, and any other policy's a
         # caller plans steps with (`plan_step(..., policy=...)`, e.g. to replay one mechanism at a time)
-        self.matmul_orders = frozenset({policy.matmul}) | matmul_orders
+        self.matmul_orders = policy.matmul_orders | matmul_orders
 
     # ------------------------------------------------------------------------- once a model, a step
 
@@ -57,8 +57,8 @@ class Ops:
         """The step's plan under this Ops' policy, or another whose matmul orders the weights are prepared for;
         at `tp` ranks (one by default)."""
         policy = policy or self.policy
-        if policy.matmul not in self.matmul_orders:
-            raise ValueError(f"weights are not prepared for {policy.matmul} matmuls")
+        if not policy.matmul_orders <= self.matmul_orders:
+            raise ValueError(f"weights are not prepared for {', '.join(sorted(policy.matmul_orders))} matmuls")
         return plan_step(policy, shape, dims, self.sms, tp)
 
     def attention_meta(self, layout: AttentionLayout, group: int, device: torch.device) -> Any:

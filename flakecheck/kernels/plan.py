@@ -72,6 +72,7 @@ class ModelDims:
     row_parallel: tuple[tuple[int, int], ...] = ()
     windows: tuple[int, ...] = ()  # the sliding windows of layers that have one (keys a query sees, itself included)
     experts: tuple[tuple[int, int], ...] = ()  # (N, K) of the routed experts' matmuls (a mixture of experts)
+    router: tuple[int, int] | None = None  # (N, K) of its router's projection, one of `projections`
 
 
 @dataclass(frozen=True)

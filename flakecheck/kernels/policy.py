@@ -8,6 +8,10 @@ e.g. `matmul=splitk,attention=invariant,norm=invariant` (classes not named are f
 - `norm`: the row reductions of RMSNorm and of the log-softmax over the vocabulary (split rows
   under `splitk`).
 
+A mixture of experts' two kinds of matmul follow `matmul` unless named apart (`router=...`, `experts=...`):
+`router` the router's projection, `experts` the routed experts' matmuls (whose order follows the rows routed
+to each expert). `explain` replays each alone to tell a routing flip from a per-expert split plan's.
+
 `tp-invariant` is `invariant` made independent of the tensor-parallel size as well: every matmul reduces
 K in fixed TP_BLOCK-wide fp32 partials summed in block order (ranks exchange the partials unrounded), the
 log-softmax sums in fixed vocabulary blocks; attention and RMSNorm, which no rank splits, are fixed-order.
@@ -28,6 +32,7 @@ from flakecheck.kernels.tensor_parallel import (
 )
 
 OP_CLASSES = ("matmul", "attention", "norm")
+MOE_CLASSES = ("router", "experts")  # matmuls of a mixture of experts that may take another order than `matmul`
 ORDERS = ("splitk", "invariant", "native", TP_INVARIANT)
 FIXED_ORDERS = ("invariant", TP_INVARIANT)  # an op class under either runs a batch-invariant order
 KV_SPLIT_SIZE = 256  # keys a split of the fixed-order attention, whatever the batch
@@ -38,6 +43,8 @@ class KernelPolicy:
     matmul: str = "invariant"
     attention: str = "invariant"
     norm: str = "invariant"
+    router: str | None = None  # a mixture of experts' router matmul (None: as `matmul`)
+    experts: str | None = None  # its routed experts' matmuls (None: as `matmul`)
 
     @classmethod
     def of(cls, order: str) -> KernelPolicy:
@@ -48,26 +55,41 @@ class KernelPolicy:
     def name(self) -> str:
         """`splitk` when every class follows it, else the per-class spelling."""
         orders = {self.matmul, self.attention, self.norm}
-        if len(orders) == 1:
+        apart = [f"{cls}={getattr(self, cls)}" for cls in MOE_CLASSES if getattr(self, cls) is not None]
+        if len(orders) == 1 and not apart:
             return self.matmul
-        return ",".join(f"{cls}={getattr(self, cls)}" for cls in OP_CLASSES)
+        return ",".join([f"{cls}={getattr(self, cls)}" for cls in OP_CLASSES] + apart)
+
+    @property
+    def router_order(self) -> str:
+        return self.router or self.matmul
+
+    @property
+    def experts_order(self) -> str:
+        return self.experts or self.matmul
+
+    @property
+    def matmul_orders(self) -> frozenset[str]:
+        """Every matmul order the policy plans (what a model's weights must be prepared for)."""
+        return frozenset({self.matmul, self.router_order, self.experts_order})
 
     @property
     def all_native(self) -> bool:
         """Every op class on the framework's own kernels: no Triton kernel and no twin is planned."""
-        return self.matmul == self.attention == self.norm == "native"
+        return self.matmul_orders == {"native"} and self.attention == self.norm == "native"
 
     @property
     def physical(self) -> bool:
         """Whether results depend on the physical batch (the framework's own kernels somewhere)."""
-        return "native" in (self.matmul, self.attention, self.norm)
+        return "native" in (*self.matmul_orders, self.attention, self.norm)
 
 
 UNIFORM_POLICIES = {order: KernelPolicy.of(order) for order in ORDERS}  # one order for every op class, by name
 
 
 def parse_policy(spec: str) -> KernelPolicy:
-    """`splitk`, `invariant`, `native`, or `class=order,...` over matmul, attention, norm. ValueError if bad."""
+    """`splitk`, `invariant`, `native`, or `class=order,...` over matmul, attention, norm (and a mixture of
+    experts' router and experts). ValueError if bad."""
     text = spec.strip()
     if text in UNIFORM_POLICIES:
         return UNIFORM_POLICIES[text]
@@ -77,8 +99,8 @@ def parse_policy(spec: str) -> KernelPolicy:
         if not sep:
             raise ValueError(f"unknown kernel policy {spec!r}; choose {', '.join(ORDERS)}, or one per op class, "
                              "e.g. matmul=splitk,attention=invariant,norm=invariant")
-        if key not in OP_CLASSES:
-            raise ValueError(f"{spec!r}: unknown op class {key!r}; choose among {', '.join(OP_CLASSES)}")
+        if key not in OP_CLASSES + MOE_CLASSES:
+            raise ValueError(f"{spec!r}: unknown op class {key!r}; choose among {', '.join(OP_CLASSES + MOE_CLASSES)}")
         if value not in ORDERS:
             raise ValueError(f"{spec!r}: unknown order {value!r} for {key}; choose among {', '.join(ORDERS)}")
         if key in orders:
@@ -136,10 +158,11 @@ def plan_step(policy: KernelPolicy, shape: StepShape, dims: ModelDims, sms: int,
     if size > 1 and dims.sharded is None:
         raise ValueError("this model has no tensor-parallel layout")
 
-    def order(m: int, n: int, k: int) -> int:
-        if policy.matmul == TP_INVARIANT:  # blocks of the whole K: every rank's blocks are among them
-            return matmul_order(policy, m, n, k, sms)
-        return matmul_order(policy, m, *shard_shape(dims, n, k, size), sms)
+    def order(m: int, n: int, k: int, matmul: str = policy.matmul) -> int:
+        rule = MatmulRule(matmul, sms)
+        if matmul == TP_INVARIANT:  # blocks of the whole K: every rank's blocks are among them
+            return rule.order(m, n, k)
+        return rule.order(m, *shard_shape(dims, n, k, size))
 
     if size > 1 and policy.matmul == TP_INVARIANT:
         allreduce = TP_INVARIANT
@@ -148,12 +171,13 @@ def plan_step(policy: KernelPolicy, shape: StepShape, dims: ModelDims, sms: int,
         allreduce = resolve_allreduce(tp.allreduce, size, message)
     kv_heads = kv_heads_per_rank(dims.kv_heads, size)
     return StepPlan(
-        projections=tuple((nk, order(rows, *nk)) for nk in dims.projections),
+        projections=tuple((nk, order(rows, *nk, policy.router_order if nk == dims.router else policy.matmul))
+                          for nk in dims.projections),
         lm_head=order(samples, *dims.lm_head),
         kv_split=attention_split(policy, shape, kv_heads, sms),
         window_kv_splits=tuple((w, attention_split(policy, shape, kv_heads, sms, w)) for w in dims.windows),
         norms=tuple((r, norm_order(policy, rows * r, sms)) for r in dims.norm_rows_per_token),
         final=BLOCKED if policy.norm == TP_INVARIANT else norm_order(policy, samples, sms),
         tp=TensorParallel(size, allreduce),
-        experts=MatmulRule(policy.matmul, sms) if dims.experts else None,
+        experts=MatmulRule(policy.experts_order, sms) if dims.experts else None,
     )

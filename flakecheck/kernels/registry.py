@@ -70,7 +70,7 @@ def get_ops(policy: KernelPolicy, backend: str = "torch", profile: str = "h100",
     if backend not in RESOLVED_BACKENDS:
         raise ValueError(f"get_ops takes a resolved backend ({' or '.join(RESOLVED_BACKENDS)}; backend_for "
                          f"resolves `auto` for a device), got {backend!r}")
-    orders = frozenset(p.matmul for p in also_plans)
+    orders = frozenset(o for p in also_plans for o in p.matmul_orders)
     if backend == "triton":
         from flakecheck.kernels.triton_backend import TritonBackend  # imports triton, absent on some machines
 

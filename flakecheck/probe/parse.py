@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from flakecheck.data.routing import decode_routed_experts
+
 TOKEN_ID_PLACEHOLDER = re.compile(r"token_id:(\d+)")
 # vLLM clamps -inf to this; we do the same so every logprob stays a finite float in parquet.
 FLOOR_LOGPROB = -9999.0
@@ -73,6 +75,9 @@ class Answer:
     finish_reason: str
     system_fingerprint: str | None
     model: str | None
+    # a mixture of experts served with its routing returned (vLLM's --enable-return-routed-experts):
+    # [rows, layers, k], the last rows those that chose each generated token (flakecheck.data.routing)
+    routed_experts: list[list[list[int]]] | None = None
 
 
 def parse_answer(body: Any, api: str, with_logprobs: bool = True) -> Answer:
@@ -98,8 +103,15 @@ def parse_answer(body: Any, api: str, with_logprobs: bool = True) -> Answer:
     steps = _steps(choice.get("logprobs")) if with_logprobs else []
     fingerprint = body.get("system_fingerprint")
     model = body.get("model")
+    routed = None
+    if choice.get("routed_experts") is not None:
+        try:
+            routed = decode_routed_experts(choice["routed_experts"])
+        except ValueError as exc:
+            raise AnswerError(f"choices[0]: {exc}") from None
     return Answer(text, steps, str(choice.get("finish_reason") or "unknown"),
-                  fingerprint if isinstance(fingerprint, str) else None, model if isinstance(model, str) else None)
+                  fingerprint if isinstance(fingerprint, str) else None, model if isinstance(model, str) else None,
+                  routed)
 
 
 def _steps(logprobs: Any) -> list[Step]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flakecheck.data.routing import generated_digests
 from flakecheck.data.traces import Trace
 from flakecheck.probe.bodies import BodyOptions, CasePrompt, completion_body
 from flakecheck.probe.client import RequestFailed, ServerClient
@@ -45,7 +46,8 @@ class LevelResult:
 
 
 def trace_from_answer(case_id: str, level: str, repeat: int, answer: Answer, vocab: Vocab) -> Trace:
-    """The server's tokens and top-2 logprobs as a Trace (ids from the server or interned by `vocab`)."""
+    """The server's tokens and top-2 logprobs as a Trace (ids from the server or interned by `vocab`), and the
+    experts it routed each generated token to where it returns them (no router scores: no margins)."""
     tokens, top1_ids, top1_lps, top2_ids, top2_lps = [], [], [], [], []
     for step in answer.steps:
         tokens.append(vocab.id_of(step.token))
@@ -54,7 +56,9 @@ def trace_from_answer(case_id: str, level: str, repeat: int, answer: Answer, voc
         top1_lps.append(first_lp)
         top2_ids.append(vocab.id_of(second[0]) if second else MISSING)
         top2_lps.append(second[1] if second else FLOOR_LOGPROB)
-    return Trace(case_id, level, repeat, tokens, top1_ids, top1_lps, top2_ids, top2_lps, answer.finish_reason)
+    digests = None if answer.routed_experts is None else generated_digests(answer.routed_experts, len(tokens))
+    return Trace(case_id, level, repeat, tokens, top1_ids, top1_lps, top2_ids, top2_lps, answer.finish_reason,
+                 routing_digests=digests)
 
 
 async def run_level(client: ServerClient, options: BodyOptions, level: LoadLevel, repeat: int,

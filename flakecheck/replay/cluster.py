@@ -37,7 +37,7 @@ from flakecheck.replay.simulated import Simulation
 
 LOCAL = "local"
 TRACE_FIELDS = ("case_id", "composition", "repeat", "token_ids", "top1_ids", "top1_logprobs", "top2_ids",
-                "top2_logprobs", "finish_reason", "top1_logits")
+                "top2_logprobs", "finish_reason", "top1_logits", "routing_margins", "routing_layers", "routing_digests")
 
 
 @dataclass(frozen=True)

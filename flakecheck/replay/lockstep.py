@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from flakecheck.engine.engine_core import EngineCore, Sampled, Scheduled
 from flakecheck.engine.kv_cache import KVCache
-from flakecheck.engine.model_runner import ModelRunner, sample
+from flakecheck.engine.model_runner import ModelRunner
 from flakecheck.engine.models import CausalLM
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels.policy import KernelPolicy
@@ -139,7 +139,7 @@ class Lockstep:
         sampled: list[Sampled] = []
         if rows:
             model = self.network
-            sampled = sample(*self.runner.forward_batch(current.builder.build(model.ops, model.group)))
+            sampled = self.runner.sampled(current.builder.build(model.ops, model.group))
         for member, (step, _), results in zip(members, current.steps, self.sharing.results(current, sampled)):
             for completion in member.core.commit(step.scheduled, results):
                 member.on_finish(completion)

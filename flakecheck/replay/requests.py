@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flakecheck.data.compositions import Composition, arrival_order, make_fillers
+from flakecheck.data.routing import routing_digest
 from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, Request, SamplingParams
 from flakecheck.kernels.tensor_parallel import NONE, TensorParallel
@@ -42,8 +43,12 @@ def tensor_parallel(composition: Composition) -> TensorParallel:
 
 
 def trace_of(c: Completion, composition: str, repeat: int) -> Trace:
+    routing = c.routing
     return Trace(str(c.request_id), composition, repeat, c.token_ids, c.top1_ids, c.top1_logprobs,
-                 c.top2_ids, c.top2_logprobs, c.finish_reason, c.top1_logits)
+                 c.top2_ids, c.top2_logprobs, c.finish_reason, c.top1_logits,
+                 None if routing is None else [r.margin for r in routing],
+                 None if routing is None else [r.layer for r in routing],
+                 None if routing is None else [routing_digest(r.experts) for r in routing])
 
 
 def build_requests(cases: Sequence[CaseRequest], composition: Composition, repeat: int,

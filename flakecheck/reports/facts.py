@@ -99,6 +99,8 @@ class RunFacts:
     run_labels: list[str] = field(default_factory=list)  # every (composition, repeat), in replay order
     # diverged cases that diverge only under compositions of another TP size than the reference's
     tp_only_flips: list[str] = field(default_factory=list)
+    # a mixture of experts: cases whose chosen experts differ from the reference's under some composition
+    rerouted: list[str] = field(default_factory=list)
 
     @property
     def policy(self) -> str:
@@ -202,7 +204,16 @@ def gather(run: RunData) -> RunFacts:
         empty_answers=_empty_answers(run.runs, record.reference),
         **_verdicts(run.runs, names),
         tp_only_flips=_tp_only_flips(run.runs, compositions),
+        rerouted=_rerouted(run.runs),
     )
+
+
+def _rerouted(runs: pd.DataFrame) -> list[str]:
+    """Cases some run of which chose other experts than the reference's (none in a dense run, or one written
+    before routing was recorded)."""
+    if "routing_divergence" not in runs.columns:
+        return []
+    return sorted({str(c) for c, step in zip(runs["case_id"], runs["routing_divergence"]) if clean(step) is not None})
 
 
 def _verdicts(runs: pd.DataFrame, names: list[str]) -> dict[str, Any]:
@@ -325,14 +336,19 @@ def score_range(score: ScoreSwing) -> str | None:
 
 
 def flip_summary(facts: RunFacts) -> str | None:
-    """'first flips: 30 tie · 20 near_tie · 4 confident' over the diverged cases, or None when none diverged."""
+    """'first flips: 30 tie · 20 near_tie · 4 confident' over the diverged cases (a mixture of experts' run: and
+    '· 3 routing', with how many cases chose other experts somewhere), or None when none diverged."""
     counts = facts.flip_counts
     if not sum(counts.values()):
         return None
-    line = "first flips: " + " · ".join(f"{counts[k]} {k}" for k in FLIP_KINDS)
+    routed = counts["routing"] or facts.rerouted
+    line = "first flips: " + " · ".join(f"{counts[k]} {k}" for k in FLIP_KINDS if k != "routing" or routed)
     noise = facts.record.gap_noise
     if noise:
         line += f" (before diverging, batch composition moved a top-1/top-2 gap by up to {noise:.3f})"
+    if routed:
+        line += (f"; the router chose other experts in {len(facts.rerouted)} of {facts.n_cases} cases (a routing "
+                 "flip: other experts at or before the first divergence, and an ordinary top-1/top-2 gap)")
     return line
 
 

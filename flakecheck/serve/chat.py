@@ -14,6 +14,7 @@ from flakecheck.serve.engine_loop import Update
 from flakecheck.serve.errors import bad_request
 from flakecheck.serve.generation import Generation, plan_prompt
 from flakecheck.serve.logprobs import chat_logprobs
+from flakecheck.serve.routed_experts import routed_experts_field
 from flakecheck.serve.schemas import ChatCompletionRequest
 from flakecheck.serve.state import ServerState
 from flakecheck.serve.streaming import stream_response
@@ -58,7 +59,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 
     [result] = await gen.collect(request)
     choice = {"index": 0, "message": {"role": "assistant", "content": result.text or ""},
-              "logprobs": logprobs(result), "finish_reason": result.finish_reason}
+              "logprobs": logprobs(result), "finish_reason": result.finish_reason, **routed_experts_field(result)}
     return {**head, "choices": [choice], "usage": gen.usage()}
 
 

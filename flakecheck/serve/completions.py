@@ -13,6 +13,7 @@ from flakecheck.serve.engine_loop import Update
 from flakecheck.serve.errors import bad_request
 from flakecheck.serve.generation import Generation, plan_prompt
 from flakecheck.serve.logprobs import completion_logprobs
+from flakecheck.serve.routed_experts import routed_experts_field
 from flakecheck.serve.schemas import CompletionRequest
 from flakecheck.serve.state import ServerState
 from flakecheck.serve.streaming import stream_response
@@ -54,7 +55,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
 
     results = await gen.collect(request)
     choices = [{"index": i, "text": r.text or "", "finish_reason": r.finish_reason,
-                "logprobs": None if top_n is None else completion_logprobs(r, state.texts, top_n, as_id)}
+                "logprobs": None if top_n is None else completion_logprobs(r, state.texts, top_n, as_id),
+                **routed_experts_field(r)}
                for i, r in enumerate(results)]
     return {**head, "choices": choices, "usage": gen.usage()}
 

@@ -38,6 +38,8 @@ class Update:
     cached_prompt_tokens: int = 0
     error: str | None = None  # the job failed; the last update
     error_status: int = 500  # 400 when the engine refused the request itself
+    # a mixture of experts: per new token, the experts each sparse layer chose for the row that produced it
+    routed_experts: list[tuple[tuple[int, ...], ...]] | None = None
 
     @classmethod
     def failure(cls, message: str, status: int = 500) -> Update:
@@ -186,8 +188,10 @@ class EngineLoop:
             return
         new = slice(job.sent, len(tokens))
         job.sent = len(tokens)
+        routed = None if completion.routing is None else [r.experts for r in completion.routing[new]]
         update = Update(tokens[new], completion.top1_logprobs[new], completion.top2_ids[new],
-                        completion.top2_logprobs[new], text, reason, completion.cached_prompt_tokens)
+                        completion.top2_logprobs[new], text, reason, completion.cached_prompt_tokens,
+                        routed_experts=routed)
         self._send(job, update, "finished" if reason else None)
 
     def _send(self, job: Job, update: Update, outcome: str | None) -> None:

@@ -122,9 +122,10 @@ class Generation:
 
 
 def merge(a: Update, b: Update) -> Update:
+    routed = None if a.routed_experts is None or b.routed_experts is None else a.routed_experts + b.routed_experts
     return replace(b, token_ids=a.token_ids + b.token_ids, top1_logprobs=a.top1_logprobs + b.top1_logprobs,
                    top2_ids=a.top2_ids + b.top2_ids, top2_logprobs=a.top2_logprobs + b.top2_logprobs,
-                   text=b.text if b.text is not None else a.text)
+                   text=b.text if b.text is not None else a.text, routed_experts=routed)
 
 
 async def _disconnected(request: Request) -> None:

@@ -84,7 +84,7 @@ class SparseMoE:
     def _combine(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor,
                  layout: BatchLayout | None) -> torch.Tensor:
         if layout is None:
-            native = self.ops.policy.matmul == "native"
+            native = self.ops.policy.experts_order == "native"
         else:
             native = any(s.plan.experts is not None and s.plan.experts.matmul == "native" for s in layout.segments)
         # per (row, rank): that rank's weighted expert output; native adds into one buffer expert by expert

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from flakecheck.engine.layers.activation import GATED_ACTIVATIONS
 from flakecheck.engine.layers.linear import Linear
 from flakecheck.engine.layers.moe import Expert, SparseMoE
 from flakecheck.engine.model_config import Experts
 from flakecheck.engine.models.decoder import DecoderLM, Weights
+from flakecheck.engine.routing import RowRouting, row_routing
 
 
 class MoeLM(DecoderLM):
@@ -23,6 +26,13 @@ class MoeLM(DecoderLM):
         moe = self.config.traits.experts
         assert moe is not None
         return moe
+
+    def routing(self, rows: torch.Tensor | None) -> list[RowRouting]:
+        """Per sampling row of the last forward pass (`rows` of it; every row when None): its routing."""
+        sparse = [(i, layer.mlp) for i, layer in enumerate(self.layers) if isinstance(layer.mlp, SparseMoE)]
+        assert all(m.margins is not None and m.chosen is not None for _, m in sparse), "no forward pass yet"
+        return row_routing([i for i, _ in sparse], [m.margins for _, m in sparse],  # type: ignore[misc]
+                           [m.chosen for _, m in sparse], rows)  # type: ignore[misc]
 
     def _mlp(self, i: int, w: Weights) -> Any:
         moe = self.experts

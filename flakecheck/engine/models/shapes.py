@@ -44,6 +44,7 @@ def model_dims(c: ModelConfig, act_bytes: int = 2) -> ModelDims:
         row_parallel=tuple(dict.fromkeys((o_proj, down))),
         windows=c.traits.windows,
         experts=moe.shapes(hidden) if moe is not None else (),
+        router=(moe.num_experts, hidden) if moe is not None else None,
     )
 
 
