@@ -52,7 +52,7 @@ test-venv-extras: setup
 test:
 	$(MAKE) --no-print-directory -j4 test-deps
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 	$(MAKE) wheel-check
 
 # Install as users do: sdist -> wheel -> a fresh venv without -e; every --help, a two-case run and explain.

@@ -50,9 +50,10 @@ def tiny_wide_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             intermediate_size=768, num_heads=4)
 
 
-# The modules that take minutes go first: `make test` runs pytest-xdist with whole files per worker
-# (--dist loadfile), which hands files out in collection order, so a long file started last would leave the
-# other worker idle while it finishes. The real vLLM server (mostly one busy core) runs beside everything else.
+# The modules that take minutes go first: `make test` runs pytest-xdist with whole files per worker, handed out in
+# collection order (--dist loadfile --no-loadscope-reorder; by default xdist would send the files with the most
+# tests first), so a long file started last would leave the other worker idle while it finishes. The real vLLM
+# server (mostly one busy core) runs beside everything else.
 LONG_FIRST = ("test_vllm.py", "test_harness_real.py", "test_gemma3.py", "test_ray.py", "test_moe.py",
               "test_model_families.py", "test_promptfoo_real.py", "test_engine_parity.py")
 
