@@ -280,9 +280,10 @@ def gate_cli(
     markdown: Path | None = typer.Option(None, help="write a markdown summary here"),
     max_score_swing: float | None = typer.Option(None, help="fail when the score swing (best-case minus worst-case "
                                                  "score over compositions) exceeds this many percentage points"),
-    max_flip_probability: float | None = typer.Option(None, help="fail when a case may flip in more than this "
-                                                      "share of draws (its 95% interval's upper bound; needs a run "
-                                                      "with --sample, or a probe with --repeat)"),
+    max_flip_probability: float | None = typer.Option(None, help="fail a case shown to flip in more than this "
+                                                      "share of draws (its exact 95% interval's lower bound is above "
+                                                      "it; cases whose interval holds it are named as undecided); "
+                                                      "needs a run with --sample, or a probe with --repeat"),
     max_score_std: float | None = typer.Option(None, help="fail when the score's standard deviation over the draws "
                                                "exceeds this many percentage points"),
     min_pass_rate: float | None = typer.Option(None, help="fail a case that passes in fewer than this share of its "

@@ -96,11 +96,14 @@ def prediction_note(block: dict[str, Any] | None) -> str | None:
 
 
 def fmt_observed(case: dict[str, Any]) -> str:
-    """'0.31 [0.18–0.49]' (the share of draws that flipped and its 95% interval), or '—'."""
+    """'0.31 [0.18–0.49] n=16' (the share of draws that flipped, its 95% interval and the draws it is over: they
+    differ between cases under `--repeat auto`), or '—'."""
     p = case.get("p_flip")
     if p is None:
         return "—"
-    return f"{p:.2f} [{case.get('p_flip_low') or 0:.2f}–{case.get('p_flip_high') or 0:.2f}]"
+    n = case.get("n_draws")
+    draws = f" n={int(n)}" if isinstance(n, (int, float)) and n == n else ""
+    return f"{p:.2f} [{case.get('p_flip_low') or 0:.2f}–{case.get('p_flip_high') or 0:.2f}]{draws}"
 
 
 def fmt_predicted(case: dict[str, Any]) -> str:
