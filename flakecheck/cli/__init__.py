@@ -108,7 +108,9 @@ def probe_cli(
     fillers: int = typer.Option(0, help="filler requests kept in flight beside the cases at each level above 1"),
     prefix: bool = typer.Option(False, "--prefix", help="also a 'prefix' level: each case right after a warm-up "
                                 "with the same prompt, prefix caching allowed"),
-    repeat: int = typer.Option(1, help="probe the levels N times with other order seeds"),
+    repeat: str = typer.Option("1", help="probe the levels N times with other order seeds; auto: a case gets "
+                               "rounds only while its flip probability is undecided against 10% (at most 8, 4 a case "
+                               "on average; see docs/flip-probability.md)"),
     max_tokens: int = typer.Option(64, help="default max new tokens per case"),
     limit: int | None = typer.Option(None, help="only the first N cases"),
     ids: str | None = typer.Option(None, help="only these case ids, comma-separated"),

@@ -21,6 +21,7 @@ class FlipView:
     calibration: dict[str, Any] | None
     noise: dict[str, Any]
     n_flipping: int
+    draws_per_case: tuple[int, int] = (0, 0)  # the fewest and the most draws a case got (they differ: --repeat auto)
 
     @classmethod
     def of(cls, block: dict[str, Any] | None, cases: list[dict[str, Any]]) -> FlipView | None:
@@ -29,7 +30,8 @@ class FlipView:
             return None
         return cls(int(block["n_draws"]), block.get("sampling"), block.get("agreement") or {},
                    block.get("score") or {}, block.get("calibration"),
-                   block.get("noise") or {}, sum(1 for c in cases if (c.get("p_flip") or 0) > 0))
+                   block.get("noise") or {}, sum(1 for c in cases if (c.get("p_flip") or 0) > 0),
+                   _range([c.get("n_draws") for c in cases]))
 
     @property
     def source(self) -> str:
@@ -37,6 +39,10 @@ class FlipView:
         if self.sampling:
             load = (self.sampling.get("load") or {}).get("spec", "?")
             return f"{self.n_draws} compositions sampled from {load} (seed {self.sampling.get('seed')})"
+        fewest, most = self.draws_per_case
+        if fewest != most:
+            return (f"{fewest}–{most} draws a case (load levels × rounds; a case stopped once its interval was "
+                    "decided)")
         return f"{self.n_draws} draws (load levels × repeats)"
 
     def lines(self) -> list[str]:
@@ -109,6 +115,11 @@ def fmt_observed(case: dict[str, Any]) -> str:
 def fmt_predicted(case: dict[str, Any]) -> str:
     q = case.get("p_flip_pred")
     return "—" if q is None else f"{q:.2f}"
+
+
+def _range(values: list[Any]) -> tuple[int, int]:
+    counts = [int(v) for v in values if isinstance(v, (int, float)) and v == v]
+    return (min(counts), max(counts)) if counts else (0, 0)
 
 
 def _cases(n: Any) -> str:

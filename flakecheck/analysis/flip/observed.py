@@ -12,6 +12,7 @@ is width: 0 flips of 8 leave an upper bound of 0.37, 0 of 32 one of 0.11.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ def _solve(f: object, target: float) -> float:
     return (low + high) / 2
 
 
+@functools.lru_cache(maxsize=65536)  # the rounds of --repeat auto ask for the same few (k, n) again and again
 def exact_interval(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     """Clopper–Pearson for k flips in n draws; (0, 1) when n is 0 (nothing observed)."""
     if n <= 0:
