@@ -117,3 +117,13 @@ def test_repeat_auto_against_a_server_with_known_flip_probabilities(tmp_path: Pa
         text = fmt_observed(case)
         assert text.endswith(f" n={case['n_draws']}") and all(text in r for r in (markdown, html, terminal))
     assert [c["n_draws"] for c in json.loads(render_json(run))["top"]] == [c["n_draws"] for c in shown]
+
+
+@pytest.mark.parametrize("value", ["often", "0", "-2"])
+def test_a_bad_repeat_on_the_command_line_exits_2_before_asking_the_server(value, tmp_path, capfd) -> None:
+    from tests.test_run import run_cli
+
+    out = tmp_path / "out"
+    code, text = run_cli(["probe", str(_suite(tmp_path / "s.jsonl")), "--endpoint", "http://127.0.0.1:9",
+                          "--repeat", value, "--out", str(out)], capfd)
+    assert code == 2 and "--repeat" in text and not out.exists()
