@@ -119,11 +119,12 @@ def test_repeat_auto_against_a_server_with_known_flip_probabilities(tmp_path: Pa
     assert [c["n_draws"] for c in json.loads(render_json(run))["top"]] == [c["n_draws"] for c in shown]
 
 
-@pytest.mark.parametrize("value", ["often", "0", "-2"])
-def test_a_bad_repeat_on_the_command_line_exits_2_before_asking_the_server(value, tmp_path, capfd) -> None:
+@pytest.mark.parametrize("args", [["--repeat", "often"], ["--repeat", "0"], ["--repeat", "-2"],
+                                  ["--repeat", "auto", "--concurrency", "1"]])
+def test_a_bad_repeat_on_the_command_line_exits_2_before_asking_the_server(args, tmp_path, capfd) -> None:
     from tests.test_run import run_cli
 
     out = tmp_path / "out"
     code, text = run_cli(["probe", str(_suite(tmp_path / "s.jsonl")), "--endpoint", "http://127.0.0.1:9",
-                          "--repeat", value, "--out", str(out)], capfd)
+                          *args, "--out", str(out)], capfd)
     assert code == 2 and "--repeat" in text and not out.exists()

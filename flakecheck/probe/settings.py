@@ -74,6 +74,9 @@ class ProbeConfig:
         if not self.concurrency or 1 not in self.concurrency or any(c < 1 for c in self.concurrency):
             raise UserError("--concurrency must list integers >= 1 and include 1, the serial reference "
                             f"(e.g. 1,8,32), got {','.join(map(str, self.concurrency))}")
+        if self.auto is not None and max(self.concurrency) == 1 and not self.prefix:
+            raise UserError("--repeat auto draws at the load levels above the serial reference: give one "
+                            "(e.g. --concurrency 1,8)")
 
     def with_changes(self, **changes: Any) -> ProbeConfig:
         return replace(self, **changes)
