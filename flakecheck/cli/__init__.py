@@ -67,8 +67,10 @@ def run_cli(
     workers: int = typer.Option(2, help="--ray: replay actors (each loads the model once)"),
     cpus_per_worker: int | None = typer.Option(None, help="--ray: CPUs (threads) per actor (default: shared out)"),
     allow_mixed_devices: bool = typer.Option(False, help="--ray: run even when actors' machines differ (recorded)"),
-    sample: int = typer.Option(0, help="also replay N compositions drawn from --load: each case's observed flip "
-                               "probability with a 95% interval, and the score's spread under that load"),
+    sample: str = typer.Option("0", help="also replay N compositions drawn from --load: each case's observed flip "
+                               "probability with a 95% interval, and the score's spread under that load; auto: "
+                               "draws in rounds of 4, a case only while it is undecided against 10% (32 at most, 8 "
+                               "a case on average)"),
     load: str = typer.Option("poisson:16", help="--sample: the batch sizes a request meets: poisson:MEAN (MEAN "
                              "others beside it), uniform:LO-HI, or a histogram file (serve's /stats JSON, "
                              "{size: weight}, a list of samples, or one number a line)"),

@@ -13,7 +13,7 @@ from flakecheck.errors import UserError
 from flakecheck.reports.finished import ReportError, show_finished_run
 from flakecheck.run.engine_source import execute
 from flakecheck.run.pipeline import RunInterrupted
-from flakecheck.run.settings import RunConfig, parse_ids
+from flakecheck.run.settings import RunConfig, parse_ids, parse_sample
 
 
 def run_from_cli(suite: Path, *, model: str, dtype: str, kernels: str, backend: str, profile: str, device: str,
@@ -22,10 +22,11 @@ def run_from_cli(suite: Path, *, model: str, dtype: str, kernels: str, backend: 
                  gap_window: int, repeat: int, limit: int | None, ids: str | None, out: Path | None, resume: bool,
                  replay: str, input_format: str, html: bool, quiet: bool, grader: str | None, grader_timeout: float,
                  ray: str | None, workers: int, cpus_per_worker: int | None, allow_mixed_devices: bool,
-                 sample: int, load: str, seed: int, sample_only: bool, tp: str = "1") -> None:
+                 sample: str, load: str, seed: int, sample_only: bool, tp: str = "1") -> None:
     compositions = resolve_compositions(compositions_file, composition_specs)
+    draws, auto = parse_sample(sample)
     if sample_only:
-        if not sample:
+        if not draws:
             raise UserError("--sample-only needs --sample N (the compositions to draw)")
         compositions = compositions[:1]  # the reference alone beside the draws
     config = RunConfig.parse(
@@ -34,7 +35,8 @@ def run_from_cli(suite: Path, *, model: str, dtype: str, kernels: str, backend: 
         gap_threshold=gap_threshold, gap_window=gap_window,
         repeat=repeat, limit=limit, ids=parse_ids(ids), replay=replay, out=out, html=html, input_format=input_format,
         grader=grader, grader_timeout=grader_timeout, ray=ray, workers=workers, cpus_per_worker=cpus_per_worker,
-        allow_mixed_devices=allow_mixed_devices, sample=sample, load=load, sample_seed=seed, sample_tp=tp)
+        allow_mixed_devices=allow_mixed_devices, sample="auto" if auto else draws, load=load, sample_seed=seed,
+        sample_tp=tp)
     try:
         run = execute(config, resume=resume, progress=not quiet)
     except RunInterrupted as exc:

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flakecheck.analysis.flip.adaptive import AutoDraws, CaseDraws, next_round, stop_reason
-from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
+from flakecheck.analysis.flip.adaptive import AutoDraws, CaseDraws, case_states, next_round, stop_reason
+from flakecheck.analysis.flip.predict import NoiseModel
 from flakecheck.data.traces import Trace
 from flakecheck.probe.bodies import CasePrompt
 from flakecheck.probe.levels import REFERENCE, LoadLevel
@@ -65,14 +65,8 @@ class AutoRounds:
                 self.drawn.setdefault(t.case_id, []).append(t)
 
     def states(self) -> dict[str, CaseDraws]:
-        noise = self.noise or measure_noise([(self.refs[c], t) for c, ts in self.drawn.items() for t in ts],
-                                            self.dtype)
-        out = {}
-        for case in self.cases:
-            ref, drawn = self.refs[case.case_id], self.drawn.get(case.case_id, [])
-            flips = sum(t.token_ids != ref.token_ids for t in drawn)
-            out[case.case_id] = CaseDraws(len(drawn), flips, predict(ref, noise), self.rounds.get(case.case_id, 0))
-        return out
+        refs = {c.case_id: self.refs[c.case_id] for c in self.cases}  # the suite's order
+        return case_states(refs, self.drawn, self.rounds, self.dtype, self.noise)
 
     def summary(self) -> dict[str, Any]:
         """meta.json's `adaptive` block: the target, the case-rounds spent, each case's rounds and why it

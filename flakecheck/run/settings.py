@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from flakecheck.analysis.flip.adaptive import AutoDraws
 from flakecheck.analysis.flip.load import DEFAULT_LOAD, LoadModel, parse_load, parse_tp_sizes, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.data.input_format import INPUT_FORMATS
@@ -106,6 +107,8 @@ class RunConfig:
     workers: int = 2
     cpus_per_worker: int | None = None
     allow_mixed_devices: bool = False
+    # `--sample auto`: the draws in rounds of DRAWS_PER_ROUND, a case measured only while it is undecided
+    auto: AutoDraws | None = None
 
     def __post_init__(self) -> None:
         normalise_common(self)
@@ -120,6 +123,9 @@ class RunConfig:
             raise UserError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
         if self.replay not in REPLAY_MODES:
             raise UserError(f"--replay must be one of {', '.join(REPLAY_MODES)}, got {self.replay!r}")
+        if self.auto is not None and (self.ray is not None or self.repeat != 1):
+            raise UserError("--sample auto decides each round from the one before: it runs in this process (no "
+                            "--ray) and draws each composition once (no --repeat)")
         if self.replay == "simulated" and self.engine.policy.physical:
             raise UserError("--replay simulated: native kernels depend on the physical batch, so their "
                             "compositions can only be replayed physically (use --replay physical or auto)")
@@ -134,9 +140,11 @@ class RunConfig:
               replay: str = "auto", out: Path | str | None = None, html: bool = True, input_format: str = "auto",
               grader: str | Sequence[str] | None = None, grader_timeout: float = GRADER_TIMEOUT_S,
               ray: str | None = None, workers: int = 2, cpus_per_worker: int | None = None,
-              allow_mixed_devices: bool = False, sample: int = 0, load: str | LoadModel = DEFAULT_LOAD,
+              allow_mixed_devices: bool = False, sample: int | str = 0, load: str | LoadModel = DEFAULT_LOAD,
               sample_seed: int = 0, sample_tp: str | Sequence[int] = (1,)) -> RunConfig:
-        """The settings from the options' text: the one place text becomes typed."""
+        """The settings from the options' text: the one place text becomes typed. `sample`: a number of draws,
+        or 'auto'."""
+        sample, auto = parse_sample(sample)
         engine = EngineSettings.parse(model=model, dtype=dtype, kernels=kernels, backend=backend, profile=profile,
                                       device=device, gpu_memory_utilization=gpu_memory_utilization)
         load_model = load if isinstance(load, LoadModel) else parse_load(load)
@@ -146,7 +154,7 @@ class RunConfig:
                    max_tokens, gap_threshold, gap_window, repeat, limit, tuple(ids), replay,
                    Path(out) if out is not None else None, html, input_format,
                    grader_argv(grader) if grader else (), grader_timeout, ray, workers, cpus_per_worker,
-                   allow_mixed_devices)
+                   allow_mixed_devices, auto)
 
     @property
     def policy(self) -> KernelPolicy:
@@ -187,7 +195,7 @@ class RunConfig:
             for composition in self.named:
                 args += ["--composition", composition.to_spec()]
         if self.sampling is not None:
-            args += ["--sample", str(self.sampling.n)]
+            args += ["--sample", "auto" if self.auto is not None else str(self.sampling.n)]
         if self.load.spec != defaults.load.spec:
             args += ["--load", self.load.spec]
         if self.sampling is not None and self.sampling.seed != 0:
@@ -242,6 +250,7 @@ class RunConfig:
             "sample": self.sampling.n if self.sampling else 0, "load": self.load.spec,
             "load_model": self.load.to_dict(), "sample_seed": self.sampling.seed if self.sampling else 0,
             "sample_tp": list(self.sampling.tp_sizes) if self.sampling else [1],
+            "sample_auto": self.auto.to_dict() if self.auto is not None else None,
         }
 
     @classmethod
@@ -268,7 +277,7 @@ class RunConfig:
             html=get("html", True), input_format=get("input_format", "auto"), grader=tuple(get("grader", ())),
             grader_timeout=get("grader_timeout", GRADER_TIMEOUT_S), ray=data.get("ray"), workers=get("workers", 2),
             cpus_per_worker=data.get("cpus_per_worker"), allow_mixed_devices=get("allow_mixed_devices", False),
-            sample=sample, load=load, sample_seed=seed, sample_tp=tp)
+            sample="auto" if data.get("sample_auto") else sample, load=load, sample_seed=seed, sample_tp=tp)
 
     def trace_settings(self) -> dict[str, Any]:
         """The settings that decide the traces (a resume must not change them). Thresholds and the grader
@@ -278,4 +287,22 @@ class RunConfig:
             **engine, "max_tokens": self.max_tokens,
             "repeat": self.repeat, "compositions": [c.to_dict() for c in self.compositions],
             "input_format": self.input_format,
+            **({"sample_auto": self.auto.to_dict()} if self.auto is not None else {}),
         }
+
+
+DRAWS_PER_ROUND = 4  # `--sample auto`: the draws a round gives each case it measures
+
+
+def parse_sample(value: int | str) -> tuple[int, AutoDraws | None]:
+    """`--sample N` or `--sample auto`: (the draws, None) or (the most draws, the target: rounds of
+    DRAWS_PER_ROUND draws, 8 at most — the 32 of a flat `--sample 32` — and 2 a case on average)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        target = AutoDraws(budget_rounds=2.0, max_rounds=8)
+        return DRAWS_PER_ROUND * target.max_rounds, target
+    if isinstance(value, str):
+        try:
+            return int(value), None
+        except ValueError:
+            raise UserError(f"--sample must be an integer >= 0 or 'auto', got {value!r}") from None
+    return value, None

@@ -1,4 +1,5 @@
-"""Adaptive draws (`probe --repeat auto`): spend draws where a case's flip probability is still uncertain.
+"""Adaptive draws (`probe --repeat auto`, `run --sample auto`): spend draws where a case's flip probability is
+still uncertain.
 
 Draws go in rounds; a round gives each chosen case one more draw (every load level above the reference). After
 each round a case stops when
@@ -24,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from flakecheck.analysis.flip.observed import exact_interval
+from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
+from flakecheck.data.traces import Trace
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,19 @@ def next_round(cases: Mapping[str, CaseDraws], target: AutoDraws, rounds_spent: 
 def _widest(pool: Sequence[str], cases: Mapping[str, CaseDraws]) -> list[str]:
     # fewer draws first among equal widths; the suite's order breaks the rest (deterministic, resumable)
     return sorted(pool, key=lambda c: (-round(cases[c].width, 12), cases[c].draws))
+
+
+def case_states(refs: Mapping[str, Trace], drawn: Mapping[str, Sequence[Trace]], rounds: Mapping[str, int],
+                dtype: str | None, noise: NoiseModel | None = None) -> dict[str, CaseDraws]:
+    """Each case's draws so far from its reference and its drawn traces; the prediction from `noise` (a
+    server's measured profile) or else from the gap shifts the draws themselves show."""
+    noise = noise or measure_noise([(refs[c], t) for c, ts in drawn.items() for t in ts], dtype)
+    out = {}
+    for case, ref in refs.items():
+        mine = drawn.get(case, [])
+        flips = sum(t.token_ids != ref.token_ids for t in mine)
+        out[case] = CaseDraws(len(mine), flips, predict(ref, noise), rounds.get(case, 0))
+    return out
 
 
 def measure(case_ids: Sequence[str], draw: Callable[[str], bool], predicted: Mapping[str, float | None],
