@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 import flakecheck
 from flakecheck.analysis.flip.load import parse_load, sample_compositions
@@ -13,6 +14,7 @@ from flakecheck.data.compositions import Composition
 from flakecheck.engine import LoadedModel, load_model
 from flakecheck.errors import UserError
 from flakecheck.replay import CaseRequest, FillerId, build_requests
+from flakecheck.reports.terminal import render_summary
 from flakecheck.run.settings import DRAWS_PER_ROUND, RunConfig, parse_sample
 from tests.test_run import write_suite
 
@@ -66,6 +68,10 @@ def test_sample_auto_measures_the_undecided_cases_in_the_batches_the_full_draw_m
     stopped = [c for c, info in adaptive["cases"].items() if info["rounds"] == 1]
     assert measured_later and stopped  # the test means something only if some rounds left cases out
     assert auto.meta["replay_stats"]["skipped_rows"] > 0
+    console = Console(record=True, width=240)
+    render_summary(auto, console, top=3)
+    fewest, most = min(auto.cases.n_draws), max(auto.cases.n_draws)
+    assert f"{len(ran)} compositions sampled from poisson:6 (seed 3; {fewest}–{most} a case" in console.export_text()
     # round 2's draws replayed flat, every case measured: the cases auto still measured got the same tokens
     # wherever the cases it left out kept their reference's length (they stand in at that length)
     second = sample_compositions(parse_load("poisson:6"), 2 * DRAWS_PER_ROUND, 3)[DRAWS_PER_ROUND:]

@@ -36,10 +36,11 @@ class FlipView:
     @property
     def source(self) -> str:
         """'32 compositions sampled from poisson:16 (seed 0)' or, for a probe, its draws."""
+        fewest, most = self.draws_per_case
         if self.sampling:
             load = (self.sampling.get("load") or {}).get("spec", "?")
-            return f"{self.n_draws} compositions sampled from {load} (seed {self.sampling.get('seed')})"
-        fewest, most = self.draws_per_case
+            each = f"; {fewest}–{most} a case, stopped once decided" if fewest != most else ""
+            return f"{self.n_draws} compositions sampled from {load} (seed {self.sampling.get('seed')}{each})"
         if fewest != most:
             return (f"{fewest}–{most} draws a case (load levels × rounds; a case stopped once its interval was "
                     "decided)")
