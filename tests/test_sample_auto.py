@@ -89,3 +89,12 @@ def test_sample_auto_measures_the_undecided_cases_in_the_batches_the_full_draw_m
             assert tokens == full[case], (draw, case)
             compared += 1
     assert compared > 0
+
+
+@pytest.mark.parametrize("args", [["--sample", "lots"], ["--sample", "auto", "--repeat", "2"]])
+def test_a_bad_sample_on_the_command_line_exits_2_naming_it(args, tmp_path, capfd) -> None:
+    from tests.test_run import run_cli
+
+    out = tmp_path / "out"
+    code, text = run_cli(["run", str(write_suite(tmp_path / "s.jsonl")), "--out", str(out), *args], capfd)
+    assert code == 2 and "--sample" in text and not out.exists()
