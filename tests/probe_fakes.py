@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+import re
 import socket
 import threading
 import time
@@ -61,6 +62,10 @@ class Behaviour:
     # a mixture of experts (2 layers, top-2 of 8) returning vLLM's `routed_experts`: one row per prompt
     # "token" (a word) and per generated token but the last; under load a near-tied router swaps an expert
     routed_experts: bool = False
+    # a server with known flip probabilities: a prompt that says "chance=P" has one near-tie (its second step)
+    # that flips to the runner-up in a share P of its requests while `flip_at` are in flight, whose gap
+    # jitters under load (so the noise is measurable); every other step of every prompt has a wide gap
+    chances: random.Random | None = None
 
 
 @dataclass
@@ -72,9 +77,26 @@ class Record:
     routed: dict[str, Any] = field(default_factory=dict)  # cache_salt -> the routed_experts text answered
 
 
-def next_step(prompt: str, history: list[int], in_flight: int, b: Behaviour) -> tuple[int, float, int, float]:
-    """(chosen id, its logprob, runner-up id, its logprob) for the step after `history`."""
+def chance_of(prompt: str) -> float:
+    found = re.search(r"chance=([0-9.]+)", prompt)
+    return float(found.group(1)) if found else 0.0
+
+
+def next_step(prompt: str, history: list[int], in_flight: int, b: Behaviour,
+              roll: float = 1.0) -> tuple[int, float, int, float]:
+    """(chosen id, its logprob, runner-up id, its logprob) for the step after `history`; `roll`: the request's
+    uniform draw (the chance mode)."""
     u = _unit(prompt, history, "top")
+    if b.chances is not None:
+        top1 = int(u * (len(VOCAB) - 1))
+        top2 = (top1 + 1) % (len(VOCAB) - 1)
+        if len(history) != 1 or chance_of(prompt) <= 0:
+            return top1, -0.05, top2, -2.0
+        loaded = in_flight >= b.flip_at
+        if loaded and roll < chance_of(prompt):
+            return top2, -0.69, top1, -0.70
+        jitter = 0.004 * (1 + int(roll * 4)) if loaded else 0.0  # up to 0.016: past the gap of 0.01
+        return top1, -0.69 + jitter, top2, -0.70
     top1 = int(u * (len(VOCAB) - 1))
     top2 = (top1 + 1 + int(_unit(prompt, history, "alt") * (len(VOCAB) - 2))) % (len(VOCAB) - 1)
     lp1 = -0.05 - 2.0 * _unit(prompt, history, "lp")
@@ -158,10 +180,11 @@ def make_app(b: Behaviour, record: Record) -> FastAPI:
             steps: list[tuple[int, float, int, float]] = []
             history: list[int] = []
             loads: list[int] = []  # requests in flight at each step
+            roll = b.chances.random() if b.chances is not None else 1.0
             while len(steps) < int(body.get("max_tokens", 16)) and (not history or history[-1] != EOS):
                 await asyncio.sleep(b.step_delay_s)  # let other requests join, as in a batch
                 loads.append(record.in_flight)
-                steps.append(next_step(prompt, history, record.in_flight, b))
+                steps.append(next_step(prompt, history, record.in_flight, b, roll))
                 history.append(steps[-1][0])
         finally:
             record.in_flight -= 1

@@ -1,11 +1,10 @@
-"""Flip probability (issue 18): the load model and its draws, observed probabilities with Wilson intervals,
+"""Flip probability (issue 18): the load model and its draws, observed probabilities with exact intervals,
 the prediction from measured gap shifts, calibration, the score over draws, and `run --sample` end to end on
 the tiny random model."""
 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import flakecheck
 from flakecheck import cli
 from flakecheck.analysis.flip.calibration import auroc, brier, calibrate, spearman
 from flakecheck.analysis.flip.load import parse_load, sample_compositions
-from flakecheck.analysis.flip.observed import agreement_rates, observe, wilson
+from flakecheck.analysis.flip.observed import agreement_rates, exact_interval, observe
 from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
 from flakecheck.analysis.flip.score import score_distribution
 from flakecheck.data.compositions import Composition
@@ -78,23 +77,7 @@ def test_a_bad_load_names_the_flag(text: str) -> None:
 # --------------------------------------------------------------------------------- observed, intervals
 
 
-def test_wilson_intervals_cover_the_true_rate_in_at_least_90_percent_of_seeds() -> None:
-    """A synthetic generator with a known flip chance: for each seed, n draws of a coin with chance p."""
-    for p in (0.02, 0.1, 0.3, 0.5, 0.8):
-        for n in (8, 32):
-            covered = 0
-            for seed in range(400):
-                rng = random.Random(f"{p}:{n}:{seed}")
-                k = sum(rng.random() < p for _ in range(n))
-                low, high = wilson(k, n)
-                covered += low <= p <= high
-            assert covered / 400 >= 0.90, (p, n, covered)
-
-
-def test_wilson_at_the_ends_and_observed_counts() -> None:
-    assert wilson(0, 32)[0] == 0.0 and 0.05 < wilson(0, 32)[1] < 0.15
-    assert wilson(32, 32)[1] == 1.0
-    assert wilson(0, 0) == (0.0, 1.0)
+def test_observed_counts() -> None:
     seen = observe([1, 2, 3], True, [([1, 2, 3], True), ([1, 2, 4], False), ([1, 2], True), ([1, 2, 3], None)])
     assert (seen.n, seen.flips, seen.graded, seen.verdict_flips) == (4, 2, 3, 1)
     assert seen.p_flip == 0.5 and seen.p_verdict_flip == pytest.approx(1 / 3)
@@ -259,7 +242,7 @@ def test_an_invariant_run_observes_no_flip_in_any_case(tiny_bf16, flip_suite, tm
     run = _sampled(tiny_bf16, flip_suite, tmp_path / "invariant", "invariant")
     assert len(run.cases) == 11
     assert (run.cases.p_flip == 0).all() and (run.cases.p_flip_pred == 0).all()
-    assert (run.cases.p_flip_high < 0.4).all()  # 0 of 8: 0.32
+    assert (run.cases.p_flip_high < 0.4).all()  # 0 of 8: 0.37
 
 
 @pytest.mark.parametrize("args, flag", [(["--sample", "0", "--sample-only"], "--sample"),
@@ -291,7 +274,7 @@ def test_probe_repeat_gives_the_servers_observed_probabilities_with_intervals(tm
         drawn = run.runs[(run.runs.case_id == row.case_id) & (run.runs.composition == "c8")]
         flips = sum(list(t) != list(ref.loc[row.case_id, "token_ids"]) for t in drawn.token_ids)
         assert row.n_draws == 3 and row.p_flip == pytest.approx(flips / 3)
-        assert (row.p_flip_low, row.p_flip_high) == pytest.approx(wilson(flips, 3))
+        assert (row.p_flip_low, row.p_flip_high) == pytest.approx(exact_interval(flips, 3))
 
 
 # --------------------------------------------------------------------------------------------------- gate
@@ -319,18 +302,20 @@ def _gate(path: Path, *args: str, monkeypatch, capsys) -> tuple[int, str]:
     return int(exit_info.value.code), captured.out + captured.err
 
 
-def test_gate_on_flip_probability_uses_the_intervals_upper_bound(drawn_run, monkeypatch, capsys) -> None:
+def test_gate_on_flip_probability_uses_the_intervals_lower_bound(drawn_run, monkeypatch, capsys) -> None:
     cases = drawn_run.cases.set_index("case_id")
     assert cases.loc["flippy", "p_flip"] == 0.75 and cases.loc["steady", "p_flip"] == 0.0
-    high = wilson(6, 8)[1]  # 0.93: the steady case's bound is wilson(0, 8)[1] = 0.32
-    code, text = _gate(drawn_run.path, "--max-flip-probability", "0.5", monkeypatch=monkeypatch, capsys=capsys)
-    assert code == 1 and "1 case(s) may flip more often than 50%" in text and "flippy" in text
-    assert "steady" not in text.split("may flip more often")[1]
-    code, _ = _gate(drawn_run.path, "--max-flip-probability", f"{high + 0.01:.3f}", monkeypatch=monkeypatch,
-                    capsys=capsys)
-    assert code == 0
-    code, text = _gate(drawn_run.path, "--max-flip-probability", "0.1", monkeypatch=monkeypatch, capsys=capsys)
-    assert code == 1 and "2 case(s)" in text  # 0 of 8 does not rule out 10%
+    low = exact_interval(6, 8)[0]  # 0.35; the steady case's interval is [0, 0.37]
+    code, text = _gate(drawn_run.path, "--max-flip-probability", f"{low - 0.01:.3f}", monkeypatch=monkeypatch,
+                       capsys=capsys)
+    assert code == 1 and "1 case(s) flip more often than" in text and "flippy" in text
+    assert "steady" not in text.split("flip more often")[1].split("\n")[0]
+    assert "1 case(s) undecided" in text and "steady" in text.split("undecided")[1]  # [0, 0.37] holds 0.34
+    code, text = _gate(drawn_run.path, "--max-flip-probability", f"{low + 0.01:.3f}", monkeypatch=monkeypatch,
+                       capsys=capsys)
+    assert code == 0 and "2 case(s) undecided" in text  # 6 of 8 does not show more than 36%
+    code, text = _gate(drawn_run.path, "--max-flip-probability", "0.99", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and "undecided" not in text
 
 
 def test_gate_on_the_score_std_over_draws(drawn_run, monkeypatch, capsys) -> None:

@@ -69,7 +69,9 @@ def probe_cli(
     fillers: int = typer.Option(0, help="filler requests kept in flight beside the cases at each level above 1"),
     prefix: bool = typer.Option(False, "--prefix", help="also a 'prefix' level: each case right after a warm-up "
                                 "with the same prompt, prefix caching allowed"),
-    repeat: int = typer.Option(1, help="probe the levels N times with other order seeds"),
+    repeat: str = typer.Option("1", help="probe the levels N times with other order seeds; auto: a case gets "
+                               "rounds only while its flip probability is undecided against 10% (at most 8, 4 a case "
+                               "on average; see docs/flip-probability.md)"),
     max_tokens: int = typer.Option(64, help="default max new tokens per case"),
     limit: int | None = typer.Option(None, help="only the first N cases"),
     ids: str | None = typer.Option(None, help="only these case ids, comma-separated"),
@@ -228,9 +230,10 @@ def gate_cli(
     markdown: Path | None = typer.Option(None, help=deprecated("--format markdown=PATH")),
     max_score_swing: float | None = typer.Option(None, help="fail when the score swing (best-case minus worst-case "
                                                  "score over compositions) exceeds this many percentage points"),
-    max_flip_probability: float | None = typer.Option(None, help="fail when a case may flip in more than this "
-                                                      "share of draws (its 95% interval's upper bound; needs a run "
-                                                      "with --sample, or a probe with --repeat)"),
+    max_flip_probability: float | None = typer.Option(None, help="fail a case shown to flip in more than this "
+                                                      "share of draws (its exact 95% interval's lower bound is above "
+                                                      "it; cases whose interval holds it are named as undecided); "
+                                                      "needs a run with --sample, or a probe with --repeat"),
     max_score_std: float | None = typer.Option(None, help="fail when the score's standard deviation over the draws "
                                                "exceeds this many percentage points"),
     min_pass_rate: float | None = typer.Option(None, help="fail a case that passes in fewer than this share of its "

@@ -13,20 +13,21 @@ from flakecheck.console import output_console
 from flakecheck.data.rundir import RunData
 from flakecheck.probe.levels import parse_concurrency
 from flakecheck.probe.probe import probe_suite
-from flakecheck.probe.settings import ProbeConfig
+from flakecheck.probe.settings import ProbeConfig, parse_repeat
 from flakecheck.reports.finished import ReportError, show_finished_run
 from flakecheck.run.options import parse_ids
 from flakecheck.run.pipeline import RunInterrupted
 
 
 def probe_from_cli(suite: Path, *, endpoint: str, model: str | None, api: str | None, api_key_env: str | None,
-                   dtype: str | None, concurrency: str, fillers: int, prefix: bool, repeat: int, max_tokens: int,
+                   dtype: str | None, concurrency: str, fillers: int, prefix: bool, repeat: str, max_tokens: int,
                    limit: int | None, ids: str | None, out: Path | None, resume: bool, isolation: str,
                    timeout: float, retries: int, gap_threshold: float, gap_window: int, html: bool,
                    quiet: bool, noise: Path | None = None, noise_in_flight: int | None = None) -> None:
+    rounds, auto = parse_repeat(repeat)
     config = ProbeConfig(suite, endpoint, model=model, api=api, api_key_env=api_key_env, dtype=dtype,
                          concurrency=tuple(parse_concurrency(concurrency)), fillers=fillers, prefix=prefix,
-                         repeat=repeat, max_tokens=max_tokens, limit=limit, ids=parse_ids(ids), out=out,
+                         repeat=rounds, auto=auto, max_tokens=max_tokens, limit=limit, ids=parse_ids(ids), out=out,
                          isolation=isolation, timeout=timeout, retries=retries, gap_threshold=gap_threshold,
                          gap_window=gap_window, html=html, noise=noise, noise_in_flight=noise_in_flight)
     try:

@@ -15,7 +15,7 @@ from flakecheck.reports.finished import ReportError, show_finished_run
 from flakecheck.run.engine_source import execute
 from flakecheck.run.options import CONFIG_OPTIONS, OPTIONS
 from flakecheck.run.pipeline import RunInterrupted
-from flakecheck.run.settings import RunConfig
+from flakecheck.run.settings import RunConfig, parse_sample
 
 
 def run_from_cli(suite: Path, **given: Any) -> None:
@@ -23,7 +23,7 @@ def run_from_cli(suite: Path, **given: Any) -> None:
     cli = {name: OPTIONS[name].api_value(value) for name, value in given.items()}
     compositions = resolve_compositions(cli["compositions_file"], cli["composition"] or [])
     if cli["sample_only"]:
-        if not cli["sample"]:
+        if not parse_sample(cli["sample"])[0]:
             raise UserError("--sample-only needs --sample N (the compositions to draw)")
         compositions = compositions[:1]  # the reference alone beside the draws
     settings = {o.name: cli[o.name] for o in CONFIG_OPTIONS if o.name in cli}

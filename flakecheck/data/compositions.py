@@ -66,6 +66,9 @@ class Composition:
     arrival: str = "together"
     tp: int = 1  # tensor-parallel ranks
     allreduce: str = "auto"  # how the ranks' partials are summed (auto: by message size)
+    # (case id, tokens): cases no longer measured (`run --sample auto`), each a shape-only request of its
+    # prompt and that many tokens in its place, so its batch-mates' steps keep their shapes; never in a spec
+    shape_only: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -91,7 +94,13 @@ class Composition:
         data = asdict(self)
         data["fillers"]["prompt_len"] = list(self.fillers.prompt_len)
         data["fillers"]["output_len"] = list(self.fillers.output_len)
+        del data["shape_only"]  # a round's detail of one run, not part of what the composition is
         return data
+
+    def measured(self, case_ids: Sequence[str]) -> list[str]:
+        """The cases this composition reports: all but its shape-only ones, in the given order."""
+        shaped = {case for case, _ in self.shape_only}
+        return [c for c in case_ids if c not in shaped]
 
     def to_spec(self) -> str:
         """The `--composition` text that parses back to this composition (non-default fields only)."""

@@ -79,7 +79,7 @@ CASES_SCHEMA = pa.schema([
     # flip probability (flakecheck.analysis.flip): over the draws (sampled compositions, a probe's load levels) ...
     ("n_draws", pa.int32()),
     ("p_flip", pa.float64()),  # share of draws whose tokens differ from the reference
-    ("p_flip_low", pa.float64()),  # its 95% Wilson interval
+    ("p_flip_low", pa.float64()),  # its exact (Clopper–Pearson) 95% interval
     ("p_flip_high", pa.float64()),
     ("p_verdict_flip", pa.float64()),  # share of graded draws whose verdict differs from the reference's
     ("p_flip_pred", pa.float64()),  # predicted from the reference's gaps and the run's measured gap shifts

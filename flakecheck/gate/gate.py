@@ -13,8 +13,9 @@ The gate fails when any of these holds (quarantined cases are left out of every 
   under every composition, in the best case if it passes under any; see flakecheck.analysis.score_swing): how far
   the suite's reported score can move from batch composition alone. No limit unless given;
 - with `--max-flip-probability P` (a run with draws: `flakecheck run --sample N`, or a probe): a case's
-  observed flip probability may exceed P — the upper bound of its 95% interval is above P, so a case
-  is passed only once the draws show it flips at most that often;
+  flip probability is shown to exceed P — the lower bound of its exact 95% interval is above P. A case
+  whose interval straddles P is not failed but named as undecided (more draws would decide it: `--repeat
+  auto` spends them there), so a few unlucky draws of a rarely flipping case do not fail the build;
 - with `--max-score-std PP`: the score's standard deviation over the draws exceeds PP percentage points;
 - with `--min-pass-rate R`: a graded case passes in fewer than R of its runs (every composition and repeat;
   promptfoo's per-test threshold under `--repeat`). `--min-pass-rate 1` is pass^k: the case must pass all k
@@ -170,10 +171,10 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
             outcome.reasons.append(f"its verdict flips ({n_flips} flips > max {settings.max_verdict_flips})")
         if c["status"] in DIVERGED and rate_fails:
             outcome.reasons.append(f"flaky rate {rate:.1%} > max {settings.max_flaky_rate:.1%}")
-        high = c.get("p_flip_high")
-        if max_flip_probability is not None and high is not None and high > max_flip_probability + RATE_EPSILON:
-            outcome.reasons.append(f"it may flip in up to {high:.0%} of draws (observed {c['p_flip']:.0%}, 95% "
-                                   f"upper bound) > max {max_flip_probability:.0%}")
+        low = c.get("p_flip_low")
+        if max_flip_probability is not None and low is not None and low > max_flip_probability + RATE_EPSILON:
+            outcome.reasons.append(f"it flips in at least {low:.0%} of draws (observed {c['p_flip']:.0%} of "
+                                   f"{c['n_draws']}, 95% lower bound) > max {max_flip_probability:.0%}")
         passes = outcome.passes
         if min_pass_rate is not None and passes is not None and passes[0] < min_pass_rate * passes[1] - RATE_EPSILON:
             outcome.reasons.append(f"{pass_k_words(*passes)} < min pass rate {min_pass_rate:.0%}")
@@ -190,10 +191,18 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
     if swing_fails:
         failures.append(f"score swing {score.swing_pp:.1f} pp exceeds the maximum {max_score_swing:g} pp: "
                         f"{swing_sentence(score)}")
-    too_likely = [o.case_id for o in outcomes if any(r.startswith("it may flip") for r in o.reasons)]
+    too_likely = [o.case_id for o in outcomes if any(r.startswith("it flips in at least") for r in o.reasons)]
     if too_likely:
-        failures.append(f"{len(too_likely)} case(s) may flip more often than {max_flip_probability:.0%} of draws "
-                        f"(95% upper bound): {', '.join(too_likely[:10])}{' …' if len(too_likely) > 10 else ''}")
+        failures.append(f"{len(too_likely)} case(s) flip more often than {max_flip_probability:.0%} of draws "
+                        f"(the 95% lower bound is above it): {', '.join(too_likely[:10])}"
+                        f"{' …' if len(too_likely) > 10 else ''}")
+    if max_flip_probability is not None:
+        undecided = [o.case_id for o in outcomes if o.outcome != "quarantined"
+                     and _straddles(o.case, max_flip_probability)]
+        if undecided:
+            notes.append(f"{len(undecided)} case(s) undecided against {max_flip_probability:.0%}: their 95% interval "
+                         f"holds it (not failed; more draws would decide): {', '.join(undecided[:10])}"
+                         f"{' …' if len(undecided) > 10 else ''}")
     below = [o.case_id for o in outcomes if any("< min pass rate" in r for r in o.reasons)]
     if below:
         failures.append(f"{len(below)} case(s) pass in fewer than {min_pass_rate:.0%} of their runs"
@@ -211,6 +220,11 @@ def evaluate(run: RunData, baseline: RunData | None, entries: list[QuarantineEnt
         baseline=baseline.path if baseline is not None else None, score=score, notes=notes,
         score_std_pp=score_std,
     )
+
+
+def _straddles(case: dict[str, Any], threshold: float) -> bool:
+    low, high = case.get("p_flip_low"), case.get("p_flip_high")
+    return low is not None and high is not None and low <= threshold + RATE_EPSILON and high > threshold
 
 
 def pass_counts(verdicts: dict[str, bool | None]) -> tuple[int, int] | None:
@@ -283,9 +297,9 @@ def print_result(result: GateResult, console: Console) -> None:
                   f"{', from the baseline' if s.flips_from_baseline else ''})")
     console.print(f"  {escape(score_swing_line(result))}")
     if s.max_flip_probability is not None or s.max_score_std is not None:
-        highest = max((c.get("p_flip_high") or 0.0 for c in facts.cases), default=0.0)
+        highest = max((c.get("p_flip_low") or 0.0 for c in facts.cases), default=0.0)
         std = "—" if result.score_std_pp is None else f"{result.score_std_pp:.2f} pp"
-        console.print(f"  flip probability: highest 95% upper bound {highest:.0%}"
+        console.print(f"  flip probability: highest 95% lower bound {highest:.0%}"
                       f"{'' if s.max_flip_probability is None else f' (max {s.max_flip_probability:.0%})'} · "
                       f"score std over the draws {std}"
                       f"{'' if s.max_score_std is None else f' (max {s.max_score_std:g} pp)'}")

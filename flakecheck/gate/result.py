@@ -20,7 +20,7 @@ class GateSettings:
     rate_from_baseline: bool = False
     flips_from_baseline: bool = False
     max_score_swing: float | None = None  # percentage points; None: not gated
-    max_flip_probability: float | None = None  # on each case's interval's upper bound; None: not gated
+    max_flip_probability: float | None = None  # on each case's interval's lower bound; None: not gated
     max_score_std: float | None = None  # percentage points, over the draws; None: not gated
     min_pass_rate: float | None = None  # per case, over its runs (1: pass^k); None: not gated
 

@@ -27,6 +27,7 @@ from flakecheck.probe.detokenize import fill_token_texts
 from flakecheck.probe.discover import ServerInfo, check_prompts, discover
 from flakecheck.probe.endpoint import Endpoint, api_key_from_env
 from flakecheck.probe.levels import REFERENCE, LoadLevel, make_levels
+from flakecheck.probe.rounds import AutoRounds, flat_units
 from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
 from flakecheck.probe.settings import ProbeConfig
 from flakecheck.probe.store import ProbeStore
@@ -65,6 +66,7 @@ class _Probe:
     info: ServerInfo
     store: ProbeStore
     noise: ServerNoise | None = None  # --noise: the server's measured profile predicts
+    rounds: AutoRounds | None = None  # --repeat auto: the rounds, decided as the answers come in
 
 
 def probe_suite(config: ProbeConfig, *, resume: bool = False, progress: bool = False,
@@ -106,7 +108,10 @@ def _prepare(config: ProbeConfig, resume: bool, client_factory: Callable[..., Se
     directory = open_run_directory(suite, config.out, resume, _fingerprint(config, suite, cases, levels, endpoint,
                                                                             info))
     config = config.with_changes(out=directory.path)
-    return _Probe(config, suite, cases, applied, levels, endpoint, api_key, info, ProbeStore(directory.path), noise)
+    probe = _Probe(config, suite, cases, applied, levels, endpoint, api_key, info, ProbeStore(directory.path), noise)
+    if config.auto is not None:
+        probe.rounds = AutoRounds(config.auto, levels, cases, config.dtype, _noise(probe).get("noise"))
+    return probe
 
 
 def _noise(probe: _Probe) -> dict[str, Any]:
@@ -124,6 +129,7 @@ def _fingerprint(config: ProbeConfig, suite: Suite, cases: list[CasePrompt], lev
         "source": "probe", "endpoint": endpoint.public, "model": info.model, "server_version": info.version,
         "token_ids": info.token_ids, "return_tokens_as_token_ids": info.options.token_ids,
         "isolation": config.isolation, "levels": [level.to_dict() for level in levels], "repeat": config.repeat,
+        "auto": config.auto.to_dict() if config.auto is not None else None,
         "max_tokens": config.max_tokens, "suite_sha256": suite.sha256,
         "cases": [[c.case_id, c.api, c.max_tokens] for c in cases],
     }
@@ -162,16 +168,18 @@ def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_facto
     Returns the traces, the server's text per token sequence, and the tally."""
     config, store = probe.config, probe.store
     tally = _Tally(store.load_vocab() if resume else Vocab())
-    work = [(level, r) for r in range(config.repeat) for level in probe.levels]
+    auto = probe.rounds
+    units = auto.units() if auto is not None else flat_units(probe.levels, config.repeat, probe.cases)
     traces: list[Trace] = []
     texts: dict[tuple[int, ...], str] = {}
-    with ReplayProgress(len(work) * len(probe.cases), enabled=show_progress) as bar:
-        for level, repeat in work:
+    with ReplayProgress(_planned_requests(probe), enabled=show_progress) as bar:
+        for level, repeat, cases in units:
             label = run_label(level.name, repeat)
             saved = store.saved_level(level.name, repeat)
             if saved is None:
                 bar.start(label)
-                result, stats = _run_one_level(probe, level, repeat, tally.vocab, bar.case_done, client_factory)
+                result, stats = _run_one_level(probe, level, repeat, cases, tally.vocab, bar.case_done,
+                                               client_factory)
                 store.save_level(level.name, repeat, result, tally.vocab)
                 tally.add_client(stats)
                 saved = store.saved_level(level.name, repeat)
@@ -180,6 +188,8 @@ def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_facto
                 bar.skip(label, len(saved[0]))
             level_traces, extras = saved
             traces.extend(level_traces)
+            if auto is not None:
+                auto.saw(level_traces)
             tally.seconds += extras["seconds"]
             tally.levels[label] = {k: extras.get(k) for k in LEVEL_FIELDS}
             for trace in level_traces:
@@ -196,10 +206,20 @@ def _probe_levels(probe: _Probe, resume: bool, show_progress: bool, client_facto
     return traces, texts, tally
 
 
-def _run_one_level(probe: _Probe, level: LoadLevel, repeat: int, vocab: Vocab, on_case_done: Callable[[Trace], None],
-                   client_factory: Callable[..., ServerClient]) -> tuple[LevelResult, ClientStats]:
+def _planned_requests(probe: _Probe) -> int:
+    """The progress bar's total: every level and repeat for every case; under --repeat auto, its budget."""
+    n = len(probe.cases)
+    auto = probe.config.auto
+    if auto is None:
+        return probe.config.repeat * len(probe.levels) * n
+    return n + int(auto.budget_rounds * n) * (len(probe.levels) - 1)
+
+
+def _run_one_level(probe: _Probe, level: LoadLevel, repeat: int, cases: list[CasePrompt], vocab: Vocab,
+                   on_case_done: Callable[[Trace], None], client_factory: Callable[..., ServerClient]
+                   ) -> tuple[LevelResult, ClientStats]:
     async def work(client: ServerClient) -> tuple[LevelResult, ClientStats]:
-        result = await run_level(client, probe.info.options, level, repeat, probe.cases, vocab, on_case_done)
+        result = await run_level(client, probe.info.options, level, repeat, cases, vocab, on_case_done)
         return result, client.stats
 
     try:
@@ -238,6 +258,7 @@ def _record(probe: _Probe, tally: _Tally) -> SourceRecord:
         compositions=[level.to_dict() for level in probe.levels], command=config.command(),
         details={
             "config": config.to_dict(), "max_tokens": config.max_tokens, "repeat": config.repeat,
+            "adaptive": probe.rounds.summary() if probe.rounds is not None else None,
             "input_format": probe.input_format.to_dict(),
             "server": {
                 "endpoint": probe.endpoint.public, "model": info.model, "models_listed": info.models,

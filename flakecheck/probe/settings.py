@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from flakecheck.analysis.flip.adaptive import AutoDraws
 from flakecheck.analysis.flip_kind import dtype_name
 from flakecheck.errors import UserError
 from flakecheck.probe.bodies import APIS, ISOLATIONS
@@ -42,9 +43,12 @@ class ProbeConfig:
     html: bool = True
     noise: Path | None = None  # a conformance directory: predict from the server's measured noise profile
     noise_in_flight: int | None = None  # the load to predict for (None: the probe's own highest level)
+    auto: AutoDraws | None = None  # --repeat auto: rounds while a case is undecided (repeat: the most rounds)
 
     def __post_init__(self) -> None:
         normalise_common(self)
+        if self.auto is not None:
+            object.__setattr__(self, "repeat", self.auto.max_rounds)
         object.__setattr__(self, "concurrency", tuple(sorted(set(self.concurrency))))
         Endpoint.parse(self.endpoint)
         check_common(self, (("max_tokens", 1), ("gap_window", 1), ("repeat", 1), ("fillers", 0), ("retries", 0)))
@@ -70,6 +74,9 @@ class ProbeConfig:
         if not self.concurrency or 1 not in self.concurrency or any(c < 1 for c in self.concurrency):
             raise UserError("--concurrency must list integers >= 1 and include 1, the serial reference "
                             f"(e.g. 1,8,32), got {','.join(map(str, self.concurrency))}")
+        if self.auto is not None and max(self.concurrency) == 1 and not self.prefix:
+            raise UserError("--repeat auto draws at the load levels above the serial reference: give one "
+                            "(e.g. --concurrency 1,8)")
 
     def with_changes(self, **changes: Any) -> ProbeConfig:
         return replace(self, **changes)
@@ -81,6 +88,8 @@ class ProbeConfig:
         for name in ("model", "api", "api_key_env", "dtype", "fillers", "repeat", "max_tokens", "limit", "isolation",
                      "timeout", "retries", "gap_threshold", "gap_window", "noise", "noise_in_flight"):
             value = getattr(self, name)
+            if name == "repeat" and self.auto is not None:
+                value = "auto"
             if value != getattr(defaults, name):
                 args += [f"--{name.replace('_', '-')}", str(value)]
         if self.concurrency != defaults.concurrency:
@@ -119,5 +128,19 @@ class ProbeConfig:
                 value = str(value)
             elif isinstance(value, tuple):
                 value = list(value)
+            elif isinstance(value, AutoDraws):
+                value = value.to_dict()
             data[f.name] = value
         return data
+
+
+def parse_repeat(text: str) -> tuple[int, AutoDraws | None]:
+    """`--repeat N` (every level N times) or `--repeat auto` (rounds while a case is undecided): (N, None) or
+    (the most rounds, the target). A UserError naming the flag otherwise."""
+    if text.strip().lower() == "auto":
+        target = AutoDraws()
+        return target.max_rounds, target
+    try:
+        return int(text), None
+    except ValueError:
+        raise UserError(f"--repeat must be an integer >= 1 or 'auto', got {text!r}") from None

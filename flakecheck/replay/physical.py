@@ -33,4 +33,4 @@ def replay(engine: LLMEngine, cases: Sequence[CaseRequest], composition: Composi
             on_case_done(trace)
 
     engine.generate(build_requests(cases, composition, repeat, vocab, special), on_finish=finished)
-    return [traces[c.case_id] for c in cases]
+    return [traces[c] for c in composition.measured([c.case_id for c in cases])]

@@ -28,7 +28,7 @@ class CaseRequest:
 
 @dataclass(frozen=True)
 class FillerId:
-    """The request id of the k-th synthetic filler of a composition."""
+    """The request id of the k-th synthetic filler of a composition (negative: a shape-only case)."""
 
     index: int
 
@@ -55,7 +55,12 @@ def build_requests(cases: Sequence[CaseRequest], composition: Composition, repea
                    vocab_size: int, special_ids: frozenset[int]) -> list[Request]:
     """Cases in this composition's arrival order, fillers spread evenly among them (or arriving later)."""
     order = arrival_order(len(cases), composition, repeat)
-    requests = [Request(cases[i].case_id, cases[i].prompt_ids, SamplingParams(cases[i].max_tokens)) for i in order]
+    shaped = dict(composition.shape_only)
+    # a case no longer measured keeps its place as a filler of its own prompt and its reference's length:
+    # it shapes its batch-mates' steps as the case would, and (outside a prefix cache) computes nothing
+    requests = [Request(FillerId(-1 - i), cases[i].prompt_ids, SamplingParams(shaped[cases[i].case_id], True))
+                if cases[i].case_id in shaped else
+                Request(cases[i].case_id, cases[i].prompt_ids, SamplingParams(cases[i].max_tokens)) for i in order]
     fillers = make_fillers(composition, vocab_size, special_ids, repeat, len(cases))
     as_request = [Request(FillerId(k), f.prompt_ids, SamplingParams(f.max_tokens, True), f.arrival)
                   for k, f in enumerate(fillers)]

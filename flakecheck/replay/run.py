@@ -91,6 +91,8 @@ class _Runs:
                  directory: RunDirectory) -> None:
         self.work, self.directory = list(work), directory
         self.case_ids = [c.case_id for c in cases]
+        # the cases each (composition, repeat) reports (`run --sample auto` leaves out those no longer measured)
+        self.expected = {(c.name, r): c.measured(self.case_ids) for c, r in self.work}
         self.traces: dict[tuple[str, int], dict[str, Trace]] = {(c.name, r): {} for c, r in self.work}
         self.saved: set[tuple[str, int]] = set()
 
@@ -112,8 +114,8 @@ class _Runs:
             if key in self.traces:
                 self.traces[key][trace.case_id] = trace
         for key, got in self.traces.items():
-            if key not in self.saved and len(got) == len(self.case_ids):
-                self.directory.save_traces(key[0], key[1], [got[c] for c in self.case_ids])
+            if key not in self.saved and len(got) == len(self.expected[key]):
+                self.directory.save_traces(key[0], key[1], [got[c] for c in self.expected[key]])
                 self.saved.add(key)
 
     def todo(self) -> list[tuple[Composition, int]]:
@@ -124,7 +126,7 @@ class _Runs:
         return all(case in self.traces.get((job.name, job.repeat), {}) for job in jobs for case in job.cases or ())
 
     def ordered(self) -> list[Trace]:
-        return [self.traces[(c.name, r)][case] for c, r in self.work for case in self.case_ids]
+        return [self.traces[(c.name, r)][case] for c, r in self.work for case in self.expected[(c.name, r)]]
 
 
 def replay_mode(replay_setting: str, spec: EngineSpec) -> tuple[str, str | None]:

@@ -158,7 +158,7 @@ class _Builder:
 
     def add(self, job: Job, requests: list[Request]) -> None:
         composition = job.composition
-        reported = [c for c in self.case_ids if job.cases is None or c in job.cases]
+        reported = [c for c in composition.measured(self.case_ids) if job.cases is None or c in job.cases]
         run = RunTraces(composition, job.repeat, reported, name=job.name)
         self.runs[(job.name, job.repeat)] = run
         if composition.cases_alone:

@@ -21,6 +21,7 @@ class FlipView:
     calibration: dict[str, Any] | None
     noise: dict[str, Any]
     n_flipping: int
+    draws_per_case: tuple[int, int] = (0, 0)  # the fewest and the most draws a case got (they differ: --repeat auto)
 
     @classmethod
     def of(cls, block: dict[str, Any] | None, cases: list[dict[str, Any]]) -> FlipView | None:
@@ -29,14 +30,20 @@ class FlipView:
             return None
         return cls(int(block["n_draws"]), block.get("sampling"), block.get("agreement") or {},
                    block.get("score") or {}, block.get("calibration"),
-                   block.get("noise") or {}, sum(1 for c in cases if (c.get("p_flip") or 0) > 0))
+                   block.get("noise") or {}, sum(1 for c in cases if (c.get("p_flip") or 0) > 0),
+                   _range([c.get("n_draws") for c in cases]))
 
     @property
     def source(self) -> str:
         """'32 compositions sampled from poisson:16 (seed 0)' or, for a probe, its draws."""
+        fewest, most = self.draws_per_case
         if self.sampling:
             load = (self.sampling.get("load") or {}).get("spec", "?")
-            return f"{self.n_draws} compositions sampled from {load} (seed {self.sampling.get('seed')})"
+            each = f"; {fewest}–{most} a case, stopped once decided" if fewest != most else ""
+            return f"{self.n_draws} compositions sampled from {load} (seed {self.sampling.get('seed')}{each})"
+        if fewest != most:
+            return (f"{fewest}–{most} draws a case (load levels × rounds; a case stopped once its interval was "
+                    "decided)")
         return f"{self.n_draws} draws (load levels × repeats)"
 
     def lines(self) -> list[str]:
@@ -96,16 +103,24 @@ def prediction_note(block: dict[str, Any] | None) -> str | None:
 
 
 def fmt_observed(case: dict[str, Any]) -> str:
-    """'0.31 [0.18–0.49]' (the share of draws that flipped and its 95% interval), or '—'."""
+    """'0.31 [0.18–0.49] n=16' (the share of draws that flipped, its 95% interval and the draws it is over: they
+    differ between cases under `--repeat auto`), or '—'."""
     p = case.get("p_flip")
     if p is None:
         return "—"
-    return f"{p:.2f} [{case.get('p_flip_low') or 0:.2f}–{case.get('p_flip_high') or 0:.2f}]"
+    n = case.get("n_draws")
+    draws = f" n={int(n)}" if isinstance(n, (int, float)) and n == n else ""
+    return f"{p:.2f} [{case.get('p_flip_low') or 0:.2f}–{case.get('p_flip_high') or 0:.2f}]{draws}"
 
 
 def fmt_predicted(case: dict[str, Any]) -> str:
     q = case.get("p_flip_pred")
     return "—" if q is None else f"{q:.2f}"
+
+
+def _range(values: list[Any]) -> tuple[int, int]:
+    counts = [int(v) for v in values if isinstance(v, (int, float)) and v == v]
+    return (min(counts), max(counts)) if counts else (0, 0)
 
 
 def _cases(n: Any) -> str:

@@ -30,6 +30,7 @@ from flakecheck.data.record import Computer
 from flakecheck.data.rundir import RunData, RunDirectory
 from flakecheck.data.stops import apply_stops
 from flakecheck.data.suite import Suite, check_prompt_lengths, load_suite
+from flakecheck.data.traces import Trace
 from flakecheck.engine import LoadedModel, decode_tokens, encode_prompt, token_texts
 from flakecheck.engine.loader import DEFAULT_MODEL
 from flakecheck.engine.models import probe_dims, sharded_dims
@@ -42,6 +43,7 @@ from flakecheck.machine.device import peak_memory
 from flakecheck.machine.fingerprint import in_force
 from flakecheck.replay import CaseRequest, replay_runs
 from flakecheck.replay.cluster import Cluster, ClusterSettings
+from flakecheck.run.adaptive_draws import AdaptiveDraws, add_stats
 from flakecheck.run.options import RUN_OPTIONS, signature
 from flakecheck.run.pipeline import (
     SourceRecord,
@@ -52,7 +54,7 @@ from flakecheck.run.pipeline import (
     render_report,
 )
 from flakecheck.run.progress import ReplayProgress
-from flakecheck.run.settings import RunConfig
+from flakecheck.run.settings import DRAWS_PER_ROUND, RunConfig
 
 
 @dataclass(frozen=True)
@@ -104,12 +106,16 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
     started = time.perf_counter()
     prepared = prepare(config, model, suite, resume)
     timings: dict[str, Any] = {"load_s": time.perf_counter() - started}
+    adaptive = _adaptive(prepared)
     try:
         with ReplayProgress(len(prepared.work) * len(prepared.requests), enabled=progress) as bar, \
                 prepared.interruptible():
-            traces, timings["replay_s"], replayed = replay_runs(
-                prepared.model, config.replay, prepared.spec, prepared.requests, prepared.work, prepared.directory,
-                resume, bar, prepared.cluster)
+            if adaptive is None:
+                traces, timings["replay_s"], replayed = replay_runs(
+                    prepared.model, config.replay, prepared.spec, prepared.requests, prepared.work,
+                    prepared.directory, resume, bar, prepared.cluster)
+            else:
+                traces, timings["replay_s"], replayed = _replay_rounds(prepared, adaptive, resume, bar)
     finally:
         if prepared.cluster is not None:
             prepared.cluster.stop()  # nothing left running, whatever happened
@@ -126,12 +132,40 @@ def execute(config: RunConfig, *, model: LoadedModel | None = None, suite: Suite
         verdicts = grade_run(traces, prepared.suite.cases, texts.decode, grader, prepared.directory.partial_dir,
                              config.resume_command(prepared.directory.path))
         timings["grading_s"] = time.perf_counter() - t0
+        draws = config.draws if adaptive is None else tuple(adaptive.ran)
         run = finish_run(prepared.directory, prepared.suite, traces, config.reference,
-                         Thresholds(config.gap_threshold, config.gap_window), texts, _record(prepared, replayed),
-                         timings, verdicts, draws=config.draws,
+                         Thresholds(config.gap_threshold, config.gap_window), texts,
+                         _record(prepared, replayed, adaptive), timings, verdicts, draws=draws,
                          sampling=config.sampling.to_dict() if config.sampling else None, started=started)
     render_report(run, config.html)
     return run
+
+
+def _adaptive(prepared: PreparedRun) -> AdaptiveDraws | None:
+    config = prepared.config
+    if config.auto is None or config.sampling is None:
+        return None
+    return AdaptiveDraws(config.auto, [(c, r) for r in range(config.repeat) for c in config.named],
+                         config.sampling.draws, DRAWS_PER_ROUND, config.reference,
+                         [r.case_id for r in prepared.requests], str(prepared.model.dtype).removeprefix("torch."))
+
+
+def _replay_rounds(prepared: PreparedRun, adaptive: AdaptiveDraws, resume: bool, bar: ReplayProgress
+                   ) -> tuple[list[Trace], float, dict[str, Any]]:
+    """`--sample auto`: each round replayed (and saved) whole before the next is decided from it."""
+    traces: list[Trace] = []
+    seconds, stats = 0.0, {}
+    for round_index in range(adaptive.target.max_rounds):
+        work = adaptive.work(round_index)
+        if not work:
+            break
+        got, took, info = replay_runs(prepared.model, prepared.config.replay, prepared.spec, prepared.requests, work,
+                                      prepared.directory, resume, bar)
+        adaptive.saw(got)
+        traces += got
+        seconds += took
+        stats = add_stats(stats, info)
+    return traces, seconds, stats
 
 
 def prepare(config: RunConfig, model: LoadedModel | None = None, suite: Suite | None = None,
@@ -194,12 +228,14 @@ def _fingerprint(config: RunConfig, suite: Suite, model: LoadedModel, requests: 
             "suite_sha256": suite.sha256, "case_ids": [r.case_id for r in requests]}
 
 
-def _record(prepared: PreparedRun, replayed: dict[str, Any]) -> SourceRecord:
+def _record(prepared: PreparedRun, replayed: dict[str, Any], adaptive: AdaptiveDraws | None = None) -> SourceRecord:
     config, loaded, spec = prepared.config, prepared.model, prepared.spec
     engine = spec.to_dict()  # policy, backend, device, profile, the machine and what it verified
+    ran = config.compositions if adaptive is None else \
+        config.named + tuple(d for d in config.sampling.draws if d.name in adaptive.ran)  # type: ignore[union-attr]
     return SourceRecord(
         source="engine", model=config.engine.model, dtype=str(loaded.dtype).removeprefix("torch."),
-        computer=Computer.of_engine(engine), compositions=[c.to_dict() for c in config.compositions],
+        computer=Computer.of_engine(engine), compositions=[c.to_dict() for c in ran],
         command=config.command(), fixed_order_command=config.fixed_order_command(),
         details={
             "config": config.to_dict(), "model_path": str(loaded.path), "architecture": loaded.config.architecture,
@@ -209,6 +245,7 @@ def _record(prepared: PreparedRun, replayed: dict[str, Any]) -> SourceRecord:
                                            has_chat_template(loaded.tokenizer))[1].to_dict(),
             "grader": GraderSpec(config.grader, config.grader_timeout).to_dict() if config.grader else None,
             "platform": platform.platform(), "replay": replayed["mode"], "replay_stats": replayed,
+            "adaptive": adaptive.summary() if adaptive is not None else None,
             "memory": peak_memory(config.engine.device),
         })
 

@@ -151,8 +151,10 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("allow_mixed_devices", False, "--ray: run even when actors' machines differ (recorded)", cli=bool,
               switch=True),
     RunOption("sample", 0, "also replay N compositions drawn from --load: each case's observed flip probability "
-              "with a 95% interval, and the score's spread under that load", "own", cli=int,
-              recorded=_sampling(lambda s: s.n, 0), commands=RUN_AND_DIFF),
+              "with a 95% interval, and the score's spread under that load; auto: draws in rounds of 4, a case only "
+              "while it is undecided against 10% (32 at most, 8 a case on average)", "own", cli=str, cli_default="0",
+              recorded=lambda config: "auto" if config.auto is not None else _sampling(lambda s: s.n, 0)(config),
+              commands=RUN_AND_DIFF),
     RunOption("load", DEFAULT_LOAD, "--sample: the batch sizes a request meets: poisson:MEAN (MEAN others beside "
               "it), uniform:LO-HI, or a histogram file (serve's /stats JSON, {size: weight}, a list of samples, or "
               "one number a line)", "own", recorded=lambda config: config.load.spec, commands=RUN_AND_DIFF),

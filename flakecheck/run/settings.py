@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from flakecheck.analysis.flip.adaptive import AutoDraws
 from flakecheck.analysis.flip.load import LoadModel, parse_load, parse_tp_sizes, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.data.input_format import INPUT_FORMATS
@@ -104,6 +105,8 @@ class RunConfig:
     workers: int = OPTIONS["workers"].default
     cpus_per_worker: int | None = OPTIONS["cpus_per_worker"].default
     allow_mixed_devices: bool = OPTIONS["allow_mixed_devices"].default
+    # `--sample auto`: the draws in rounds of DRAWS_PER_ROUND, a case measured only while it is undecided
+    auto: AutoDraws | None = None
 
     def __post_init__(self) -> None:
         normalise_common(self)
@@ -118,6 +121,9 @@ class RunConfig:
             raise UserError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}, got {self.input_format!r}")
         if self.replay not in REPLAY_MODES:
             raise UserError(f"--replay must be one of {', '.join(REPLAY_MODES)}, got {self.replay!r}")
+        if self.auto is not None and (self.ray is not None or self.repeat != 1):
+            raise UserError("--sample auto decides each round from the one before: it runs in this process (no "
+                            "--ray) and draws each composition once (no --repeat)")
         if self.replay == "simulated" and self.engine.policy.physical:
             raise UserError("--replay simulated: native kernels depend on the physical batch, so their "
                             "compositions can only be replayed physically (use --replay physical or auto)")
@@ -131,11 +137,12 @@ class RunConfig:
         engine = EngineSettings.parse(**{name: o[name] for name in ENGINE_OPTIONS})
         load_model = o["load"] if isinstance(o["load"], LoadModel) else parse_load(o["load"])
         named = tuple(o["compositions"]) if o["compositions"] is not None else DEFAULT_COMPOSITIONS
-        sampling = Sampling.draw(load_model, o["sample"], o["sample_seed"], parse_tp_sizes(o["sample_tp"]))
+        draws, auto = parse_sample(o["sample"])  # a number of draws, or 'auto'
+        sampling = Sampling.draw(load_model, draws, o["sample_seed"], parse_tp_sizes(o["sample_tp"]))
         fields = {name: o[name] for name in FIELD_OPTIONS}
         fields.update(ids=tuple(fields["ids"]), out=Path(fields["out"]) if fields["out"] is not None else None,
                       grader=grader_argv(fields["grader"]) if fields["grader"] else ())
-        return cls(Path(suite), engine, named, sampling, load_model, **fields)
+        return cls(Path(suite), engine, named, sampling, load_model, **fields, auto=auto)
 
     @property
     def policy(self) -> KernelPolicy:
@@ -201,11 +208,11 @@ class RunConfig:
         options = {o.name: o.read(data) for o in CONFIG_OPTIONS}
         recorded = data.get("load_model")
         load = LoadModel.from_dict(recorded) if isinstance(recorded, dict) else parse_load(options["load"])
-        sample, seed, tp = int(options["sample"]), int(options["sample_seed"]), options["sample_tp"]
+        (sample, _), seed, tp = parse_sample(options["sample"]), int(options["sample_seed"]), options["sample_tp"]
         tp_sizes = parse_tp_sizes(tp if isinstance(tp, str) else tuple(tp))
         drawn = {c.name for c in sample_compositions(load, sample, seed, tp_sizes)} if sample else set()
         named = [c for c in map(Composition.from_dict, options["compositions"] or []) if c.name not in drawn]
-        options.update(compositions=named or None, load=load, sample=sample, sample_seed=seed, sample_tp=tp_sizes,
+        options.update(compositions=named or None, load=load, sample_seed=seed, sample_tp=tp_sizes,
                        ids=tuple(options["ids"]), grader=tuple(options["grader"] or ()))
         if device is not None:
             options["device"] = device
@@ -219,6 +226,7 @@ class RunConfig:
             **engine, "max_tokens": self.max_tokens,
             "repeat": self.repeat, "compositions": [c.to_dict() for c in self.compositions],
             "input_format": self.input_format,
+            **({"sample_auto": self.auto.to_dict()} if self.auto is not None else {}),
         }
 
 
@@ -226,3 +234,20 @@ class RunConfig:
 RunConfig.parse.__func__.__signature__ = signature(  # type: ignore[attr-defined]
     [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in ("cls", "suite")],
     CONFIG_OPTIONS, "RunConfig")
+
+
+DRAWS_PER_ROUND = 4  # `--sample auto`: the draws a round gives each case it measures
+
+
+def parse_sample(value: int | str) -> tuple[int, AutoDraws | None]:
+    """`--sample N` or `--sample auto`: (the draws, None) or (the most draws, the target: rounds of
+    DRAWS_PER_ROUND draws, 8 at most — the 32 of a flat `--sample 32` — and 2 a case on average)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        target = AutoDraws(budget_rounds=2.0, max_rounds=8)
+        return DRAWS_PER_ROUND * target.max_rounds, target
+    if isinstance(value, str):
+        try:
+            return int(value), None
+        except ValueError:
+            raise UserError(f"--sample must be an integer >= 0 or 'auto', got {value!r}") from None
+    return value, None

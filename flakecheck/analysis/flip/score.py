@@ -40,9 +40,12 @@ class ScoreDistribution:
 
 def score_distribution(verdicts: Mapping[str, Mapping[str, bool | None]], draws: Sequence[str],
                        reference: str) -> ScoreDistribution:
-    """`verdicts`: case id -> run label -> passed (None: ungraded)."""
+    """`verdicts`: case id -> run label -> passed (None: ungraded; no key: the case was not drawn there)."""
     graded = [case for case, by_label in verdicts.items()
               if any(by_label.get(label) is not None for label in [reference, *draws])]
+    # under `probe --repeat auto` a later round draws only the cases still undecided: a score over those few is
+    # not the suite's, so only the draws every graded case took part in count
+    draws = [label for label in draws if all(label in verdicts[case] for case in graded)]
     scores = []
     for label in draws:
         here = [verdicts[case].get(label) for case in graded]

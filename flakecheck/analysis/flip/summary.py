@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flakecheck.analysis.flip.calibration import calibrate
-from flakecheck.analysis.flip.observed import agreement_rates
+from flakecheck.analysis.flip.observed import LEVEL, agreement_rates
 from flakecheck.analysis.flip.predict import NoiseModel
 from flakecheck.analysis.flip.score import score_distribution
 from flakecheck.data.traces import run_label
@@ -32,7 +32,9 @@ def flip_meta(cases: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, An
         if r["composition"] in draws:
             outputs.setdefault(str(r["case_id"]), []).append(list(r["token_ids"]))
     block: dict[str, Any] = {"draws": list(draws), "n_draws": len(labels), "noise": noise.to_dict(),
-                             "sampling": dict(sampling) if sampling else None}
+                             "sampling": dict(sampling) if sampling else None,
+                             # each case's p_flip_low / p_flip_high in cases.parquet
+                             "interval": {"method": "clopper-pearson", "level": LEVEL}}
     if not labels:
         return block
     drawn_verdicts = {case: [by_label.get(label) for label in labels] for case, by_label in verdicts.items()}

@@ -1,0 +1,122 @@
+"""Adaptive draws (`probe --repeat auto`, `run --sample auto`): spend draws where a case's flip probability is
+still uncertain.
+
+Draws go in rounds; a round gives each chosen case one more draw (every load level above the reference). After
+each round a case stops when
+
+- it **cannot flip**: none of its draws flipped and the noise prediction gives it 0 (no gap of its reference
+  within the largest shift the draws, or the server's measured noise, produced);
+- its exact 95% interval is **decided** against the threshold the reports and the gate judge by (`threshold`:
+  the lower bound above it, or the upper bound at or below it);
+- it has had `max_rounds` rounds (the flat `--repeat` it stands in for).
+
+While cases are undecided, each round draws for all of them, widest interval first when the budget cannot
+pay for every one. Once none is, what is left of the budget goes, one round at a time, to the cases whose
+intervals are widest among those that can still flip and have rounds left (a decided case's rate is still
+ranked). The budget is `budget_rounds` rounds a case on average, counted over the whole suite.
+
+The interval stays the exact one of observed.py: stopping on it does not change how it is computed, and a test
+measures its coverage under this stopping rule against known flip probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from flakecheck.analysis.flip.observed import exact_interval
+from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
+from flakecheck.data.traces import Trace
+
+
+@dataclass(frozen=True)
+class AutoDraws:
+    """What `--repeat auto` aims for, typed once at the door."""
+
+    threshold: float = 0.1  # the flip probability a case is decided against
+    budget_rounds: float = 4.0  # rounds a case on average, over the suite
+    max_rounds: int = 8  # rounds one case may get
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"threshold": self.threshold, "budget_rounds": self.budget_rounds, "max_rounds": self.max_rounds}
+
+
+@dataclass(frozen=True)
+class CaseDraws:
+    """One case so far: its draws, how many flipped, and the noise prediction (None: not known yet)."""
+
+    draws: int
+    flips: int
+    predicted: float | None
+    rounds: int
+
+    @property
+    def width(self) -> float:
+        low, high = exact_interval(self.flips, self.draws)
+        return high - low
+
+
+def stop_reason(case: CaseDraws, target: AutoDraws) -> str | None:
+    """Why a case needs no more draws to be decided ('cannot flip', 'above', 'below', 'cap'), or None."""
+    if case.rounds >= target.max_rounds:
+        return "cap"
+    if case.draws and case.flips == 0 and case.predicted == 0.0:
+        return "cannot flip"
+    if not case.draws:
+        return None
+    low, high = exact_interval(case.flips, case.draws)
+    if low > target.threshold:
+        return "above"
+    if high <= target.threshold:
+        return "below"
+    return None
+
+
+def next_round(cases: Mapping[str, CaseDraws], target: AutoDraws, rounds_spent: int) -> list[str]:
+    """The cases that get a draw in the next round (in the suite's order); empty: the measuring is over.
+    `rounds_spent`: case-rounds drawn so far, over every case."""
+    left = int(target.budget_rounds * len(cases)) - rounds_spent
+    if left <= 0:
+        return []
+    order = list(cases)
+    undecided = [c for c in order if stop_reason(cases[c], target) is None]
+    pool = undecided or [c for c in order if stop_reason(cases[c], target) in ("above", "below")]
+    chosen = set(_widest(pool, cases)[:left])
+    return [c for c in order if c in chosen]
+
+
+def _widest(pool: Sequence[str], cases: Mapping[str, CaseDraws]) -> list[str]:
+    # fewer draws first among equal widths; the suite's order breaks the rest (deterministic, resumable)
+    return sorted(pool, key=lambda c: (-round(cases[c].width, 12), cases[c].draws))
+
+
+def case_states(refs: Mapping[str, Trace], drawn: Mapping[str, Sequence[Trace]], rounds: Mapping[str, int],
+                dtype: str | None, noise: NoiseModel | None = None) -> dict[str, CaseDraws]:
+    """Each case's draws so far from its reference and its drawn traces; the prediction from `noise` (a
+    server's measured profile) or else from the gap shifts the draws themselves show."""
+    noise = noise or measure_noise([(refs[c], t) for c, ts in drawn.items() for t in ts], dtype)
+    out = {}
+    for case, ref in refs.items():
+        mine = drawn.get(case, [])
+        flips = sum(t.token_ids != ref.token_ids for t in mine)
+        out[case] = CaseDraws(len(mine), flips, predict(ref, noise), rounds.get(case, 0))
+    return out
+
+
+def measure(case_ids: Sequence[str], draw: Callable[[str], bool], predicted: Mapping[str, float | None],
+            target: AutoDraws, per_round: int = 1) -> dict[str, CaseDraws]:
+    """The rounds run against a source of draws (`draw(case)`: did this draw flip?), each case's prediction
+    known up front: what `--repeat auto` ends with, for a fake server in a test or a benchmark. `per_round`:
+    draws a round gives a case (the load levels above the reference)."""
+    cases = {c: CaseDraws(0, 0, predicted.get(c), 0) for c in case_ids}
+    spent = 0
+    for r in range(target.max_rounds):
+        chosen = list(case_ids) if r == 0 else next_round(cases, target, spent)
+        if not chosen:
+            break
+        spent += len(chosen)
+        for c in chosen:
+            s = cases[c]
+            flips = sum(draw(c) for _ in range(per_round))
+            cases[c] = CaseDraws(s.draws + per_round, s.flips + flips, s.predicted, s.rounds + 1)
+    return cases

@@ -1,0 +1,88 @@
+"""`run --sample auto`: the draws replayed in rounds, a case measured only while its flip probability is
+undecided (flakecheck.analysis.flip.adaptive says which).
+
+Round 1 replays the named compositions and the first DRAWS_PER_ROUND draws for every case. Each later round
+replays the next DRAWS_PER_ROUND draws; a case the round does not measure is still in them, as a shape-only
+request of its prompt and its reference's length in its own place (`Composition.shape_only`): its batch-mates'
+steps keep their shapes, and outside a prefix cache its rows are not computed. Each round is decided from the
+traces saved before it alone, so a resumed run replays the same rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from flakecheck.analysis.flip.adaptive import AutoDraws, CaseDraws, case_states, next_round, stop_reason
+from flakecheck.data.compositions import Composition
+from flakecheck.data.traces import Trace
+
+# the replay statistics that add up over the rounds (the rest are the first round's)
+SUMMED = ("ticks", "forward_passes", "rows", "shared_rows", "skipped_rows", "steps")
+
+
+@dataclass
+class AdaptiveDraws:
+    target: AutoDraws
+    named: Sequence[tuple[Composition, int]]  # the named compositions' work (the reference first)
+    draws: Sequence[Composition]
+    per_round: int
+    reference: str
+    case_ids: list[str]
+    dtype: str | None
+    refs: dict[str, Trace] = field(default_factory=dict)
+    drawn: dict[str, list[Trace]] = field(default_factory=dict)
+    rounds: dict[str, int] = field(default_factory=dict)
+    case_rounds: int = 0
+    ran: list[str] = field(default_factory=list)
+
+    def work(self, round_index: int) -> list[tuple[Composition, int]]:
+        """The next round's (composition, repeat)s; empty: the measuring is over."""
+        batch = list(self.draws[round_index * self.per_round:(round_index + 1) * self.per_round])
+        if not batch:
+            return []
+        chosen = self.case_ids if round_index == 0 else next_round(self.states(), self.target, self.case_rounds)
+        if not chosen:
+            return []
+        measured = set(chosen)
+        self.case_rounds += len(chosen)
+        for case in chosen:
+            self.rounds[case] = self.rounds.get(case, 0) + 1
+        shape = tuple((c, max(1, len(self.refs[c].token_ids))) for c in self.case_ids if c not in measured)
+        self.ran += [d.name for d in batch]
+        draws = [(replace(d, shape_only=shape) if shape else d, 0) for d in batch]
+        return [*self.named, *draws] if round_index == 0 else draws
+
+    def saw(self, traces: Sequence[Trace]) -> None:
+        names = {d.name for d in self.draws}
+        for t in traces:
+            if t.composition == self.reference and t.repeat == 0:
+                self.refs[t.case_id] = t
+            elif t.composition in names:
+                self.drawn.setdefault(t.case_id, []).append(t)
+
+    def states(self) -> dict[str, CaseDraws]:
+        refs = {c: self.refs[c] for c in self.case_ids}
+        return case_states(refs, self.drawn, self.rounds, self.dtype)
+
+    def summary(self) -> dict[str, Any]:
+        """meta.json's `adaptive` block (as a probe's): the target, the case-rounds spent against a flat
+        `--sample 32`'s, per case its rounds, draws and why it stopped."""
+        return {"target": self.target.to_dict(), "draws_per_round": self.per_round, "case_rounds": self.case_rounds,
+                "flat_case_rounds": self.target.max_rounds * len(self.case_ids), "draws_run": list(self.ran),
+                "cases": {c: {"rounds": s.rounds, "draws": s.draws, "stopped": stop_reason(s, self.target) or "budget"}
+                          for c, s in self.states().items()}}
+
+
+def add_stats(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """A round's replay statistics added to the rounds' before."""
+    if not total:
+        return dict(more)
+    for key in SUMMED:
+        if isinstance(more.get(key), int):
+            total[key] = int(total.get(key) or 0) + more[key]
+    for key in ("peak_rows", "peak_slots"):
+        if isinstance(more.get(key), int):
+            total[key] = max(int(total.get(key) or 0), more[key])
+    return total

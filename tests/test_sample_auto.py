@@ -1,0 +1,100 @@
+"""`run --sample auto` (issue 39): the draws in rounds, the cases no longer measured kept in their batches as
+shape-only requests of their reference's length, so the measured cases get the tokens the full draw gives them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import flakecheck
+from flakecheck.analysis.flip.load import parse_load, sample_compositions
+from flakecheck.data.compositions import Composition
+from flakecheck.engine import LoadedModel, load_model
+from flakecheck.errors import UserError
+from flakecheck.replay import CaseRequest, FillerId, build_requests
+from flakecheck.reports.terminal import render_summary
+from flakecheck.run.settings import DRAWS_PER_ROUND, RunConfig, parse_sample
+from tests.test_run import write_suite
+
+
+def test_a_shape_only_case_keeps_its_place_its_prompt_and_the_given_length() -> None:
+    cases = [CaseRequest(f"c{i}", [5 + i] * (3 + i), 10) for i in range(5)]
+    full = Composition("d", max_batch=4, order_seed=7)
+    shaped = Composition("d", max_batch=4, order_seed=7, shape_only=(("c1", 6), ("c3", 2)))
+    before, after = build_requests(cases, full, 0, 100, frozenset()), build_requests(cases, shaped, 0, 100, frozenset())
+    assert len(before) == len(after)
+    for a, b in zip(before, after):
+        assert a.prompt_ids == b.prompt_ids and a.arrival == b.arrival
+        if a.request_id in ("c1", "c3"):
+            assert isinstance(b.request_id, FillerId) and b.params.ignore_eos
+            assert b.params.max_tokens == {"c1": 6, "c3": 2}[a.request_id]
+        else:
+            assert b == a
+    assert shaped.measured([c.case_id for c in cases]) == ["c0", "c2", "c4"]
+    assert "shape_only" not in shaped.to_dict()  # a round's detail, never recorded as the composition
+
+
+def test_sample_is_parsed_once_at_the_door() -> None:
+    assert parse_sample("auto")[0] == 8 * DRAWS_PER_ROUND and parse_sample("auto")[1] is not None
+    assert parse_sample("12") == (12, None) and parse_sample(3) == (3, None)
+    with pytest.raises(UserError, match="--sample"):
+        parse_sample("lots")
+    with pytest.raises(UserError, match="--sample auto"):
+        RunConfig.parse("s.jsonl", sample="auto", repeat=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_wide_model_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_wide_model_dir), "bfloat16")
+
+
+def test_sample_auto_measures_the_undecided_cases_in_the_batches_the_full_draw_makes(tiny, tmp_path) -> None:
+    suite = write_suite(tmp_path / "s.jsonl")
+    common = {"model": tiny, "kernels": "splitk", "max_tokens": 10, "html": False, "limit": 8,
+              "compositions": [Composition("solo")], "load": "poisson:6", "sample_seed": 3}
+    auto = flakecheck.run_suite(suite, out=tmp_path / "auto", sample="auto", **common)
+    adaptive = auto.meta["adaptive"]
+    ran = adaptive["draws_run"]
+    assert auto.meta["flip"]["draws"] == ran and len(ran) % DRAWS_PER_ROUND == 0 and len(ran) > DRAWS_PER_ROUND
+    assert adaptive["case_rounds"] <= 2 * len(auto.cases)
+    runs = auto.runs
+    for row in auto.cases.itertuples():
+        drawn = runs[(runs.case_id == row.case_id) & runs.composition.isin(ran)]
+        info = adaptive["cases"][row.case_id]
+        assert row.n_draws == len(drawn) == info["draws"] == DRAWS_PER_ROUND * info["rounds"]
+    measured_later = [c for c, info in adaptive["cases"].items() if info["rounds"] > 1]
+    stopped = [c for c, info in adaptive["cases"].items() if info["rounds"] == 1]
+    assert measured_later and stopped  # the test means something only if some rounds left cases out
+    assert auto.meta["replay_stats"]["skipped_rows"] > 0
+    console = Console(record=True, width=240)
+    render_summary(auto, console, top=3)
+    fewest, most = min(auto.cases.n_draws), max(auto.cases.n_draws)
+    assert f"{len(ran)} compositions sampled from poisson:6 (seed 3; {fewest}–{most} a case" in console.export_text()
+    # round 2's draws replayed flat, every case measured: the cases auto still measured got the same tokens
+    # wherever the cases it left out kept their reference's length (they stand in at that length)
+    second = sample_compositions(parse_load("poisson:6"), 2 * DRAWS_PER_ROUND, 3)[DRAWS_PER_ROUND:]
+    flat = flakecheck.run_suite(suite, out=tmp_path / "flat", **{**common, "compositions": [Composition("solo"),
+                                                                                           *second]})
+    ref = {r.case_id: list(r.token_ids) for r in flat.runs[flat.runs.composition == "solo"].itertuples()}
+    compared = 0
+    for draw in [d.name for d in second]:
+        full = {r.case_id: list(r.token_ids) for r in flat.runs[flat.runs.composition == draw].itertuples()}
+        mine = {r.case_id: list(r.token_ids) for r in runs[runs.composition == draw].itertuples()}
+        left_out = [c for c in full if c not in mine]
+        if any(len(full[c]) != len(ref[c]) for c in left_out):
+            continue
+        for case, tokens in mine.items():
+            assert tokens == full[case], (draw, case)
+            compared += 1
+    assert compared > 0
+
+
+@pytest.mark.parametrize("args", [["--sample", "lots"], ["--sample", "auto", "--repeat", "2"]])
+def test_a_bad_sample_on_the_command_line_exits_2_naming_it(args, tmp_path, capfd) -> None:
+    from tests.test_run import run_cli
+
+    out = tmp_path / "out"
+    code, text = run_cli(["run", str(write_suite(tmp_path / "s.jsonl")), "--out", str(out), *args], capfd)
+    assert code == 2 and "--sample" in text and not out.exists()
