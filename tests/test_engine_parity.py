@@ -50,14 +50,14 @@ def _hf_greedy(model_dir: Path, prompt: list[int], steps: int) -> list[int]:
 def _engine_step_logprobs(engine: LLMEngine, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
     """The engine's generated tokens, and the full log-softmax it sampled each of them from."""
     captured: list[torch.Tensor] = []
-    forward = engine.runner.forward
+    forward = engine.runner.forward_batch  # every step's forward pass goes through it
 
-    def recording_forward(steps):  # type: ignore[no-untyped-def]
-        logits, logprobs = forward(steps)
+    def recording_forward(batch):  # type: ignore[no-untyped-def]
+        logits, logprobs = forward(batch)
         captured.append(logprobs.clone())
         return logits, logprobs
 
-    engine.runner.forward = recording_forward  # type: ignore[method-assign]
+    engine.runner.forward_batch = recording_forward  # type: ignore[method-assign]
     completion = engine.generate([Request(0, prompt, SamplingParams(max_tokens=steps, ignore_eos=True))])[0]
     return completion.token_ids, torch.cat(captured)
 
