@@ -54,8 +54,8 @@ def tiny_wide_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # collection order (--dist loadfile --no-loadscope-reorder; by default xdist would send the files with the most
 # tests first), so a long file started last would leave the other worker idle while it finishes. The real vLLM
 # server (mostly one busy core) runs beside everything else.
-LONG_FIRST = ("test_vllm.py", "test_harness_real.py", "test_gemma3.py", "test_ray.py", "test_moe.py",
-              "test_model_families.py", "test_promptfoo_real.py", "test_engine_parity.py")
+LONG_FIRST = ("test_vllm.py", "test_demo_digest.py", "test_harness_real.py", "test_gemma3.py", "test_ray.py",
+              "test_moe.py", "test_model_families.py", "test_promptfoo_real.py", "test_engine_parity.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
