@@ -49,11 +49,11 @@ test-deps: browser vllm-setup harness-setup promptfoo-setup test-venv-extras
 test-venv-extras: setup
 	@$(MAKE) --no-print-directory -j1 ray-setup gemma3-setup
 
+# The wheel check runs beside the installs (it is mostly pip too), not after the tests.
 test:
-	$(MAKE) --no-print-directory -j4 test-deps
+	$(MAKE) --no-print-directory -j4 test-deps wheel-check
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30
-	$(MAKE) wheel-check
 
 # Install as users do: sdist -> wheel -> a fresh venv without -e; every --help, a two-case run and explain.
 wheel-check: setup
