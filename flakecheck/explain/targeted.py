@@ -27,7 +27,7 @@ from flakecheck.engine.models import CausalLM
 from flakecheck.explain.source import RunSource
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay.cluster import Cluster
-from flakecheck.replay.replay_runs import SHARDS_PER_WORKER
+from flakecheck.replay.driver import SHARDS_PER_WORKER
 from flakecheck.replay.requests import knobs
 from flakecheck.replay.shards import Shard, Unit, balance, case_rows, plan_shards
 from flakecheck.replay.simulated import Job, Simulation
