@@ -19,7 +19,7 @@ import argparse
 import json
 import math
 
-from flakecheck.analysis.flip.load import parse_load, sample_compositions
+from flakecheck.analysis.flip.server_load import parse_load, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS
 from flakecheck.replay.requests import CaseRequest
 from flakecheck.replay.shards import balance, plan_shards, plan_units

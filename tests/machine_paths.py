@@ -17,7 +17,7 @@ from flakecheck.kernels import Ops
 from flakecheck.kernels.paths import KernelPaths
 from flakecheck.kernels.policy import parse_policy
 from flakecheck.kernels.registry import get_ops
-from flakecheck.machine.probes import SMOLLM2, ProbeDims
+from flakecheck.machine.invariance_probes import SMOLLM2, ProbeDims
 from flakecheck.machine.selfcheck import Verification, verify
 
 

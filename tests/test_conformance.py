@@ -95,7 +95,7 @@ def test_expect_serial_gates_only_run_to_run(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_exits_130_and_keeps_the_finished_units_as_a_probe_does(capsys, tmp_path: Path, monkeypatch) -> None:
-    from flakecheck.probe.conformance import check
+    from flakecheck.probe.conformance import pipeline as check
 
     original = check.run_unit
 

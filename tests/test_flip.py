@@ -14,10 +14,10 @@ from rich.console import Console
 import flakecheck
 from flakecheck import cli
 from flakecheck.analysis.flip.calibration import auroc, brier, calibrate, spearman
-from flakecheck.analysis.flip.load import parse_load, sample_compositions
 from flakecheck.analysis.flip.observed import agreement_rates, exact_interval, observe
 from flakecheck.analysis.flip.predict import NoiseModel, measure_noise, predict
 from flakecheck.analysis.flip.score import score_distribution
+from flakecheck.analysis.flip.server_load import parse_load, sample_compositions
 from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace
 from flakecheck.engine import LoadedModel, load_model

@@ -18,7 +18,7 @@ from flakecheck.data.suite import Case
 from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
 from flakecheck.grading.external import GradeRequest, GraderError, GraderSpec, grader_spec, run_grader
-from flakecheck.replay import run as replay_run
+from flakecheck.replay import driver as replay_run
 from flakecheck.replay import simulated
 from tests.test_run import cli_run
 

@@ -29,7 +29,7 @@ from flakecheck.kernels.aot import DEFAULT_TARGETS, atomics, compile_launch, gri
 from flakecheck.kernels.launches import Launch, compiled_models  # noqa: E402
 from flakecheck.kernels.plan import FIXED  # noqa: E402
 from flakecheck.kernels.weights import LinearWeights  # noqa: E402
-from flakecheck.machine import probes  # noqa: E402
+from flakecheck.machine import invariance_probes as probes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,7 +189,7 @@ def test_meta_json_and_the_cache_key_hold_triton_and_its_fusion(monkeypatch: pyt
     from flakecheck.machine import selfcheck
     from flakecheck.machine.device import CPU, Device
     from flakecheck.machine.fingerprint import current
-    from flakecheck.machine.probes import SMOLLM2
+    from flakecheck.machine.invariance_probes import SMOLLM2
 
     machine = current()
     verification = selfcheck.Verification(machine, "invariant", FAST, (), (), (), (), 0.0)

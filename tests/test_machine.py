@@ -23,9 +23,9 @@ from flakecheck.errors import UserError
 from flakecheck.kernels.paths import CHOICES, KernelPaths
 from flakecheck.kernels.policy import parse_policy
 from flakecheck.kernels.registry import get_ops
-from flakecheck.machine import probes
+from flakecheck.machine import invariance_probes as probes
+from flakecheck.machine.invariance_probes import ProbeDims
 from flakecheck.machine.pinning import PINS, cpu_flags
-from flakecheck.machine.probes import ProbeDims
 from flakecheck.machine.selfcheck import verify
 from tests.test_run import write_suite
 
@@ -134,10 +134,10 @@ def test_the_fault_really_breaks_simulated_replay(tiny) -> None:
 
 
 def test_kernels_check_reports_the_failure_and_exits_1(monkeypatch, capsys) -> None:
-    from flakecheck.machine.check import check_command
+    from flakecheck.machine.kernels_check import check_command
 
     monkeypatch.setenv("FLAKECHECK_FAULT", NO_FIXED_MATMUL)
-    monkeypatch.setattr("flakecheck.machine.check.SMOLLM2", MEDIUM)
+    monkeypatch.setattr("flakecheck.machine.kernels_check.SMOLLM2", MEDIUM)
     assert check_command(json_out=True) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["selfcheck"]["invariant"]["invariant_failed"] == ["fixed_matmul"]
@@ -214,7 +214,7 @@ SELFCHECK = """
 import json, sys, torch, flakecheck
 from flakecheck.kernels.policy import parse_policy
 from flakecheck.machine.selfcheck import verify
-from flakecheck.machine.probes import ProbeDims
+from flakecheck.machine.invariance_probes import ProbeDims
 dims = ProbeDims(**json.loads(sys.argv[1]))
 out = {}
 for policy in ("invariant", "splitk"):

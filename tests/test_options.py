@@ -13,7 +13,7 @@ import pytest
 import typer.main
 
 from flakecheck import cli, run_suite
-from flakecheck.analysis.flip import load
+from flakecheck.analysis.flip import server_load as load
 from flakecheck.cli import run as cli_run
 from flakecheck.engine import packaged_models
 from flakecheck.engine import settings as engine_settings

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import flakecheck
-from flakecheck.analysis.flip.load import parse_load, sample_compositions
+from flakecheck.analysis.flip.server_load import parse_load, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition
 from flakecheck.errors import UserError
 from flakecheck.replay import cluster as cluster_module

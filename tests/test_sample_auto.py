@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 import flakecheck
-from flakecheck.analysis.flip.load import parse_load, sample_compositions
+from flakecheck.analysis.flip.server_load import parse_load, sample_compositions
 from flakecheck.data.compositions import Composition
 from flakecheck.engine import LoadedModel, load_model
 from flakecheck.errors import UserError

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import flakecheck
-from flakecheck.analysis.flip.load import parse_load, parse_tp_sizes, sample_compositions
+from flakecheck.analysis.flip.server_load import parse_load, parse_tp_sizes, sample_compositions
 from flakecheck.data.compositions import Composition, Fillers, derive_name, parse_composition_spec
 from flakecheck.engine import LoadedModel, build_model, load_model
 from flakecheck.engine.layers.parallel import COLUMN, ROW, Sharding, sharded_linear

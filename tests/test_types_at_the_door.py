@@ -130,11 +130,11 @@ def test_bench_engine_runs_the_tp_invariant_order(monkeypatch: pytest.MonkeyPatc
 
 def test_kernels_check_measures_a_per_class_policy(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from flakecheck.machine.probes import ProbeDims
+    from flakecheck.machine.invariance_probes import ProbeDims
 
     small = ProbeDims(projections=((192, 64), (64, 128)), lm_head=(512, 64), heads=2, kv_heads=1, head_dim=32,
                       norm_widths=(64,))
-    monkeypatch.setattr("flakecheck.machine.check.SMOLLM2", small)
+    monkeypatch.setattr("flakecheck.machine.kernels_check.SMOLLM2", small)
     code, out, err = cli_run(monkeypatch, capsys, "kernels", "check", "--json", "--device", "cpu", "--kernels",
                              PER_CLASS)
     report = json.loads(out)

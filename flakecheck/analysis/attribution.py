@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flakecheck.data.compositions import AXES
+
 # (mechanism, op class, label): reductions, replayed with only that op class split
 REDUCTIONS = (("matmul_splitk", "matmul", "matmul split-K"),
               ("attention_splitkv", "attention", "attention split-KV"),
@@ -13,9 +15,12 @@ REDUCTIONS = (("matmul_splitk", "matmul", "matmul split-K"),
 # matmul fixed-order): the router's (a routing flip) and the routed experts' per-expert split plans
 MOE_REDUCTIONS = (("router_splitk", "router", "router matmul split-K"),
                   ("experts_splitk", "experts", "expert matmuls split-K"))
-# (mechanism, label): scheduling features, replayed with that feature removed
-SCHEDULING = (("chunked_prefill", "chunked prefill"), ("prefix_cache", "prefix cache"), ("batch_size", "batch size"),
-              ("tensor_parallel", "tensor-parallel size"))
+# (mechanism, label): scheduling features, replayed with that feature removed: the batch size (the core of every
+# composition), and each composition axis (flakecheck/data/axes/) — those that change the reductions themselves
+# (a TP size) last
+BATCH_SIZE = ("batch_size", "batch size")
+SCHEDULING = (tuple((a.name, a.label) for a in AXES if not a.changes_reductions) + (BATCH_SIZE,)
+              + tuple((a.name, a.label) for a in AXES if a.changes_reductions))
 LABELS = {m: label for m, _, label in REDUCTIONS + MOE_REDUCTIONS} | dict(SCHEDULING)
 MECHANISMS = tuple(LABELS)
 INTERACTION = "interaction"

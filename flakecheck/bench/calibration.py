@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flakecheck.analysis.flip.load import DEFAULT_LOAD
+from flakecheck.analysis.flip.server_load import DEFAULT_LOAD
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, REFERENCE, Composition
 from flakecheck.data.suite import load_suite
 from flakecheck.engine import load_model

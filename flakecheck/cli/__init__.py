@@ -311,8 +311,8 @@ def kernels_check(
                                       "beside splitk, invariant, native and tp-invariant; repeatable"),
 ) -> None:
     from flakecheck.engine.settings import parse_kernels
-    from flakecheck.machine.check import check_command
     from flakecheck.machine.device import Device
+    from flakecheck.machine.kernels_check import check_command
 
     policies = tuple(parse_kernels(k) for k in kernels)
     raise typer.Exit(check_command(device=Device.parse(device), dtype=dtype, backend=backend, json_out=json_out,

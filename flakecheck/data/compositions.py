@@ -1,10 +1,14 @@
 """Compositions: the scheduling configurations a suite is replayed under.
 
 A composition sets how many sequences share a step (`max_batch`), the arrival order (`order_seed`; null keeps
-suite order), the prefill token budget per step (`chunk`), prefix-cache reuse, synthetic filler requests and
-when those arrive, and the server's tensor parallelism: `tp` ranks (1: one device) whose partial sums an
-all-reduce adds (`allreduce`: auto | ring | tree | oneshot; see flakecheck/kernels/tensor_parallel.py). The
-reference is the composition named "solo" (else the first given); it is always listed first.
+suite order), synthetic filler requests and when those arrive — the core fields, here — and each composition
+axis's fields, declared in its own file of flakecheck/data/axes/ (field, parsing, validation, engine knobs,
+explain's mechanism and fix, repro's text): the prefill token budget per step (`chunk`: chunked_prefill.py),
+prefix-cache reuse (`prefix_cache`: prefix_cache.py), and the server's tensor parallelism (tensor_parallel.py):
+`tp` ranks (1: one device) whose partial sums an all-reduce adds (`allreduce`: auto | ring | tree | oneshot;
+see flakecheck/kernels/tensor_parallel.py). The Composition class is built from the core fields and the
+declared axes' when this module loads. The reference is the composition named "solo" (else the first given);
+it is always listed first.
 
 Sources, in order: `--compositions FILE` (.jsonl: one object a line, blank and `#` lines skipped; .json: a
 list of objects), then each `--composition key=value,...`; with neither, DEFAULT_COMPOSITIONS. Keys, in a
@@ -27,16 +31,31 @@ import math
 import random
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
+from flakecheck.data.axes import declared
+from flakecheck.data.axes.base import (
+    Axis,
+    AxisField,
+    integer,
+    integer_text,
+    optional_integer,
+    optional_integer_text,
+    string,
+    string_text,
+)
+from flakecheck.data.axes.tensor_parallel import ALLREDUCES
 from flakecheck.errors import InputError, UserError
+
+__all__ = ["ALLREDUCES", "ARRIVALS", "AXES", "DEFAULT_COMPOSITIONS", "REFERENCE", "Composition", "FillerRequest",
+           "Fillers", "arrival_order", "derive_name", "load_compositions", "make_fillers", "order_compositions",
+           "parse_composition_spec", "resolve_compositions"]
 
 REFERENCE = "solo"
 ARRIVALS = ("together", "staggered")
-# the all-reduce orders (kernels/tensor_parallel.ALLREDUCES, spelled here: data/ sits below kernels/)
-ALLREDUCES = ("auto", "ring", "tree", "oneshot")
+AXES: tuple[Axis, ...] = declared()  # every composition axis (flakecheck/data/axes/), by rank
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 
 
@@ -55,43 +74,55 @@ class Fillers:
                 raise ValueError(f"{label} must be a range lo-hi with 1 <= lo <= hi, got {lo}-{hi}")
 
 
-@dataclass(frozen=True)
-class Composition:
+# the core fields every composition has, each with its rank (an axis's fields sit among them by its rank)
+_CORE: tuple[tuple[int, AxisField], ...] = (
+    (10, AxisField("max_batch", "int", 1, integer, integer_text,
+                   lambda v: None if v >= 1 else f"max_batch must be >= 1, got {v}")),
+    (20, AxisField("order_seed", "int | None", None, optional_integer, optional_integer_text)),
+    (60, AxisField("arrival", "str", "together", string, string_text,
+                   lambda v: None if v in ARRIVALS else f"arrival must be one of {', '.join(ARRIVALS)}, got {v!r}")),
+)
+_FILLERS_RANK = 50
+# every scalar field (core and axes') in rank order: the dataclass's order, to_dict's and to_spec's
+_SCALARS: tuple[tuple[int, AxisField], ...] = tuple(sorted(
+    _CORE + tuple((axis.rank, f) for axis in AXES for f in axis.fields), key=lambda rf: rf[0]))
+_BY_NAME = {f.name: f for _, f in _SCALARS}
+_FILLER_KEYS = ("filler_prompt_len", "filler_output_len", "filler_seed")
+
+
+class _CompositionMethods:
+    """The methods of Composition, whose fields are built below from the core fields and the axes'."""
+
     name: str
-    max_batch: int = 1
-    order_seed: int | None = None
-    chunk: int | None = None  # prefill token budget per step; None = whole prompts
-    prefix_cache: bool = False
-    fillers: Fillers = field(default_factory=Fillers)
-    arrival: str = "together"
-    tp: int = 1  # tensor-parallel ranks
-    allreduce: str = "auto"  # how the ranks' partials are summed (auto: by message size)
-    # (case id, tokens): cases no longer measured (`run --sample auto`), each a shape-only request of its
-    # prompt and that many tokens in its place, so its batch-mates' steps keep their shapes; never in a spec
-    shape_only: tuple[tuple[str, int], ...] = ()
+    max_batch: int
+    order_seed: int | None
+    fillers: Fillers
+    arrival: str
+    shape_only: tuple[tuple[str, int], ...]
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
             raise ValueError(f"name {self.name!r} must be 1-64 of letters, digits, '_', '.', '+', '-'")
-        if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
-        if self.chunk is not None and self.chunk < 1:
-            raise ValueError(f"chunk must be >= 1 (or none), got {self.chunk}")
-        if self.arrival not in ARRIVALS:
-            raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {self.arrival!r}")
-        if self.tp < 1:
-            raise ValueError(f"tp must be >= 1, got {self.tp}")
-        if self.allreduce not in ALLREDUCES:
-            raise ValueError(f"allreduce must be one of {', '.join(ALLREDUCES)}, got {self.allreduce!r}")
+        for _, f in _SCALARS:
+            problem = f.check(getattr(self, f.name))
+            if problem:
+                raise ValueError(problem)
 
     @property
     def cases_alone(self) -> bool:
-        """Whether each case computes alone: one request a step and no prefix cache, so no other case or
-        filler reaches its steps or its keys and values."""
-        return self.max_batch == 1 and not self.prefix_cache
+        """Whether each case computes alone: one request a step and no axis that lets a case read what another
+        computed (a prefix cache), so no other case or filler reaches its steps or its keys and values."""
+        return self.max_batch == 1 and not any(axis.couples_cases(self) for axis in AXES)
+
+    def engine_knobs(self) -> dict[str, Any]:
+        """The engine knobs (flakecheck.engine.Knobs keywords) this composition sets, from its axes."""
+        knobs: dict[str, Any] = {"max_num_seqs": self.max_batch}
+        for axis in AXES:
+            knobs.update(axis.engine(self))
+        return knobs
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(self)  # type: ignore[call-overload]
         data["fillers"]["prompt_len"] = list(self.fillers.prompt_len)
         data["fillers"]["output_len"] = list(self.fillers.output_len)
         del data["shape_only"]  # a round's detail of one run, not part of what the composition is
@@ -104,27 +135,42 @@ class Composition:
 
     def to_spec(self) -> str:
         """The `--composition` text that parses back to this composition (non-default fields only)."""
-        default, filler_default = Composition(self.name), Fillers()
+        filler_default = Fillers()
         parts = [f"name={self.name}"]
-        for key in ("max_batch", "order_seed", "chunk", "prefix_cache", "arrival", "tp", "allreduce"):
-            value = getattr(self, key)
-            if value != getattr(default, key):
-                parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
-        f = self.fillers
-        if f.count != filler_default.count:
-            parts.append(f"fillers={f.count}")
-        for key, value, base in (("filler_prompt_len", f.prompt_len, filler_default.prompt_len),
-                                 ("filler_output_len", f.output_len, filler_default.output_len)):
+        for _, f in _SCALARS:
+            value = getattr(self, f.name)
+            if value != f.default:
+                parts.append(f"{f.name}={str(value).lower() if isinstance(value, bool) else value}")
+        fl = self.fillers
+        if fl.count != filler_default.count:
+            parts.append(f"fillers={fl.count}")
+        for key, value, base in (("filler_prompt_len", fl.prompt_len, filler_default.prompt_len),
+                                 ("filler_output_len", fl.output_len, filler_default.output_len)):
             if value != base:
                 parts.append(f"{key}={value[0]}-{value[1]}")
-        if f.seed != filler_default.seed:
-            parts.append(f"filler_seed={f.seed}")
+        if fl.seed != filler_default.seed:
+            parts.append(f"filler_seed={fl.seed}")
         return ",".join(parts)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Composition:
         """The inverse of to_dict; also takes the flat spec keys. ValueError on a bad key or value."""
         return _build(data, _typed_value)
+
+
+def _dataclass_fields() -> list[tuple[str, Any, Any]]:
+    scalars = [(rank, (f.name, f.annotation, field(default=f.default))) for rank, f in _SCALARS]
+    fillers = (_FILLERS_RANK, ("fillers", "Fillers", field(default_factory=Fillers)))
+    ordered = [spec for _, spec in sorted(scalars + [fillers], key=lambda rs: rs[0])]
+    # (case id, tokens): cases no longer measured (`run --sample auto`), each a shape-only request of its
+    # prompt and that many tokens in its place, so its batch-mates' steps keep their shapes; never in a spec
+    return [("name", "str", field())] + ordered + [("shape_only", "tuple[tuple[str, int], ...]", field(default=()))]
+
+
+Composition = make_dataclass("Composition", _dataclass_fields(), bases=(_CompositionMethods,), frozen=True)
+Composition.__module__ = __name__  # pickled by name (the Ray cluster ships jobs)
+Composition.__doc__ = ("One scheduling configuration: its name, the core fields (max_batch, order_seed, fillers, "
+                       "arrival) and every declared axis's fields (flakecheck/data/axes/).")
 
 
 DEFAULT_COMPOSITIONS: tuple[Composition, ...] = (
@@ -140,15 +186,17 @@ DEFAULT_COMPOSITIONS: tuple[Composition, ...] = (
 
 # ------------------------------------------------------------------------------------ building from fields
 
-_FIELDS = ("name", "max_batch", "order_seed", "chunk", "prefix_cache", "fillers", "filler_prompt_len",
-           "filler_output_len", "filler_seed", "arrival", "tp", "allreduce")
+# every key a spec or a file may give, in rank order (the error for an unknown key lists them)
+_FIELDS = ("name",) + tuple(name for _, name in sorted(
+    [(rank, f.name) for rank, f in _SCALARS] + [(_FILLERS_RANK, k) for k in ("fillers", *_FILLER_KEYS)],
+    key=lambda rank_name: rank_name[0]))
 
 
-def _build(fields: Mapping[str, Any], convert: Callable[[str, Any], Any]) -> Composition:
-    unknown = [k for k in fields if k not in _FIELDS]
+def _build(values_in: Mapping[str, Any], convert: Callable[[str, Any], Any]) -> Composition:
+    unknown = [k for k in values_in if k not in _FIELDS]
     if unknown:
         raise ValueError(f"unknown key '{unknown[0]}' (known: {', '.join(_FIELDS)})")
-    values = {key: convert(key, raw) for key, raw in fields.items()}
+    values = {key: convert(key, raw) for key, raw in values_in.items()}
     filler_fields: dict[str, Any] = {}
     fillers = values.get("fillers")
     if isinstance(fillers, Fillers):
@@ -159,8 +207,7 @@ def _build(fields: Mapping[str, Any], convert: Callable[[str, Any], Any]) -> Com
                          ("filler_seed", "seed")):
         if flat in values:
             filler_fields[nested] = values[flat]
-    kwargs = {k: v for k, v in values.items() if k in ("max_batch", "order_seed", "chunk", "prefix_cache",
-                                                      "arrival", "tp", "allreduce")}
+    kwargs = {k: v for k, v in values.items() if k in _BY_NAME}
     kwargs["fillers"] = Fillers(**filler_fields)
     name = values.get("name")
     if name is None:
@@ -170,54 +217,29 @@ def _build(fields: Mapping[str, Any], convert: Callable[[str, Any], Any]) -> Com
 
 def derive_name(composition: Composition) -> str:
     """A name from the fields that differ from the defaults: b4-s3-c16-p-f8-stag-tp2-ring; all defaults ->
-    "solo"."""
+    "solo". Each axis names its own part (in rank order among the core fields')."""
     c, f, default = composition, composition.fillers, Fillers()
-    parts = []
-    if c.max_batch != 1:
-        parts.append(f"b{c.max_batch}")
-    if c.order_seed is not None:
-        parts.append(f"s{c.order_seed}")
-    if c.chunk is not None:
-        parts.append(f"c{c.chunk}")
-    if c.prefix_cache:
-        parts.append("p")
-    if f.count:
-        parts.append(f"f{f.count}")
-    if f.prompt_len != default.prompt_len:
-        parts.append(f"fp{f.prompt_len[0]}-{f.prompt_len[1]}")
-    if f.output_len != default.output_len:
-        parts.append(f"fo{f.output_len[0]}-{f.output_len[1]}")
-    if f.seed != default.seed:
-        parts.append(f"fs{f.seed}")
-    if c.arrival != "together":
-        parts.append("stag")
-    if c.tp != 1:
-        parts.append(f"tp{c.tp}")
-    if c.allreduce != "auto":
-        parts.append(c.allreduce)
+    ranked: list[tuple[int, str | None]] = [
+        (10, f"b{c.max_batch}" if c.max_batch != 1 else None),
+        (20, f"s{c.order_seed}" if c.order_seed is not None else None),
+        (_FILLERS_RANK, f"f{f.count}" if f.count else None),
+        (_FILLERS_RANK, f"fp{f.prompt_len[0]}-{f.prompt_len[1]}" if f.prompt_len != default.prompt_len else None),
+        (_FILLERS_RANK, f"fo{f.output_len[0]}-{f.output_len[1]}" if f.output_len != default.output_len else None),
+        (_FILLERS_RANK, f"fs{f.seed}" if f.seed != default.seed else None),
+        (60, "stag" if c.arrival != "together" else None),
+    ] + [(axis.rank, axis.name_part(c)) for axis in AXES]
+    parts = [part for _, part in sorted(ranked, key=lambda rp: rp[0]) if part]
     return "-".join(parts) or REFERENCE
-
-
-def _int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key} must be an integer, got {json.dumps(value)}")
-    return value
 
 
 def _typed_value(key: str, value: Any) -> Any:
     """A JSON value (from a file or to_dict) checked for its key."""
-    if key in ("order_seed", "chunk"):
-        return None if value is None else _int(key, value)
-    if key in ("max_batch", "filler_seed", "tp"):
-        return _int(key, value)
-    if key == "prefix_cache":
-        if not isinstance(value, bool):
-            raise ValueError(f"prefix_cache must be true or false, got {json.dumps(value)}")
-        return value
-    if key in ("name", "arrival", "allreduce"):
-        if not isinstance(value, str):
-            raise ValueError(f"{key} must be a string, got {json.dumps(value)}")
-        return value
+    if key == "name":
+        return string(key, value)
+    if key in _BY_NAME:
+        return _BY_NAME[key].from_json(key, value)
+    if key == "filler_seed":
+        return integer(key, value)
     if key in ("filler_prompt_len", "filler_output_len"):
         return _range(key, value)
     # fillers: a count, or the nested object to_dict writes
@@ -227,22 +249,22 @@ def _typed_value(key: str, value: Any) -> Any:
             raise ValueError(f"unknown key 'fillers.{unknown[0]}' (known: count, prompt_len, output_len, seed)")
         nested: dict[str, Any] = {}
         if "count" in value:
-            nested["count"] = _int("fillers.count", value["count"])
+            nested["count"] = integer("fillers.count", value["count"])
         if "seed" in value:
-            nested["seed"] = _int("fillers.seed", value["seed"])
+            nested["seed"] = integer("fillers.seed", value["seed"])
         for part in ("prompt_len", "output_len"):
             if part in value:
                 nested[part] = _range(f"fillers.{part}", value[part])
         return Fillers(**nested)
-    return _int(key, value)
+    return integer(key, value)
 
 
 def _range(key: str, value: Any) -> tuple[int, int]:
     if isinstance(value, str):
         return _range_from_text(key, value)
     if isinstance(value, (list, tuple)) and len(value) == 2:
-        return _int(key, value[0]), _int(key, value[1])
-    return (_int(key, value),) * 2  # one number: a fixed length
+        return integer(key, value[0]), integer(key, value[1])
+    return (integer(key, value),) * 2  # one number: a fixed length
 
 
 def _range_from_text(key: str, text: str) -> tuple[int, int]:
@@ -255,23 +277,13 @@ def _range_from_text(key: str, text: str) -> tuple[int, int]:
 
 def _text_value(key: str, text: str) -> Any:
     """A spec's text value converted for its key."""
-    text = text.strip()
-    if key in ("name", "arrival", "allreduce"):
-        return text
-    if key in ("order_seed", "chunk") and text.lower() in ("none", "null", ""):
-        return None
-    if key == "prefix_cache":
-        lowered = text.lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"prefix_cache must be true or false, got {text!r}")
+    if key == "name":
+        return text.strip()
+    if key in _BY_NAME:
+        return _BY_NAME[key].from_text(key, text)
     if key in ("filler_prompt_len", "filler_output_len"):
         return _range_from_text(key, text)
-    if not re.fullmatch(r"-?\d+", text):
-        raise ValueError(f"{key} must be an integer, got {text!r}")
-    return int(text)
+    return integer_text(key, text)
 
 
 # ------------------------------------------------------------------------------------------------ sources

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from flakecheck.engine.engine_core import EngineCore, EngineStats, Request
@@ -15,10 +16,26 @@ from flakecheck.engine.prefix_cache import PrefixCache
 from flakecheck.engine.sequence import Completion
 from flakecheck.kernels import Ops, get_ops
 from flakecheck.kernels.policy import UNIFORM_POLICIES
-from flakecheck.kernels.tensor_parallel import TensorParallel
+from flakecheck.kernels.tensor_parallel import NONE, TensorParallel
 
-__all__ = ["EngineStats", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt", "kv_cache",
+__all__ = ["EngineStats", "Knobs", "LLMEngine", "Request", "build_model", "decode_tokens", "encode_prompt", "kv_cache",
            "token_texts"]
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The scheduling knobs a replay sets on the engine for one composition (each composition axis declares the
+    knobs it sets: flakecheck/data/axes/); equal knobs schedule and plan a sequence's steps alike."""
+
+    max_num_seqs: int = 1
+    max_num_batched_tokens: int | None = None  # a step's prefill budget (None: whole prompts)
+    enable_prefix_caching: bool = False
+    tp_size: int = 1  # tensor-parallel ranks
+    allreduce: str = NONE  # how they sum (NONE at one rank)
+
+    @property
+    def tensor_parallel(self) -> TensorParallel:
+        return TensorParallel(self.tp_size, self.allreduce)
 
 
 def build_model(model: LoadedModel, ops: Ops) -> CausalLM:
@@ -69,6 +86,11 @@ class LLMEngine:
         self.tp = tp
         self.core = EngineCore(self.cache, self.eos_token_ids, config.max_context, max_num_seqs,
                                max_num_batched_tokens, PrefixCache() if enable_prefix_caching else None)
+
+    def configure(self, knobs: Knobs) -> None:
+        """reconfigure() with a composition's knobs."""
+        self.reconfigure(knobs.max_num_seqs, knobs.max_num_batched_tokens, knobs.enable_prefix_caching,
+                         knobs.tensor_parallel)
 
     @property
     def stats(self) -> EngineStats:

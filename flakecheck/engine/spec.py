@@ -23,7 +23,7 @@ from flakecheck.kernels.registry import get_ops
 from flakecheck.kernels.tiles import FP_FUSION
 from flakecheck.machine.device import Device
 from flakecheck.machine.fingerprint import MachineFingerprint
-from flakecheck.machine.probes import ProbeDims
+from flakecheck.machine.invariance_probes import ProbeDims
 from flakecheck.machine.selfcheck import Verification, verify
 
 

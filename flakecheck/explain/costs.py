@@ -5,11 +5,11 @@
   compositions use (1 always included); the factor is the geometric mean of the time ratios;
 - serial requests: decode throughput at batch 1 vs at each batched composition's batch size, under the run's
   kernels (tokens a step / step time); the factor is how many times longer the same load takes;
-- no prefix cache: the first PREFIX_SAMPLE prompts in the arrival order of each composition that caches
-  prefixes, prefilled (one token generated) through the engine with and without the cache; the factor is the
-  time ratio, and the share of prompt tokens the cache served is stated;
-- no chunked prefill: one step prefilling the suite's longest prompt whole vs one chunk of it: the longest a
-  decode sharing that step waits (the tokens computed are the same, so throughput barely moves).
+- each composition axis's fixes, as its file in flakecheck/data/axes/ prices them with the measurements a
+  `Pricer` offers: no prefix cache (the first prompts in arrival order prefilled with and without the cache,
+  and the share of prompt tokens it served), no chunked prefill (one step prefilling the suite's longest
+  prompt whole vs one chunk of it: the longest a decode sharing that step waits), a pinned TP size (no compute
+  cost: a deployment choice).
 
 The factors measure different work, on this machine and backend (on a CPU the split-K twins are themselves
 slower than fixed order, unlike on a GPU); each row says what was measured.
@@ -18,17 +18,19 @@ slower than fixed order, unlike on a GPU); each row says what was measured.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from statistics import geometric_mean
+from typing import Any
 
 from flakecheck.bench.kernels import engine_step, interleaved
+from flakecheck.data.axes.prefix_cache import PREFIX_SAMPLE
 from flakecheck.data.compositions import arrival_order
 from flakecheck.engine import LLMEngine, LoadedModel, Request, SamplingParams
 from flakecheck.engine.models import CausalLM
-from flakecheck.explain.fixes import Cost, fixes_for
+from flakecheck.explain.fixes import Cost, fixes_for, offering_axes
 from flakecheck.explain.source import RunSource
-
-PREFIX_SAMPLE = 16  # prompts prefilled twice to price the prefix cache (a serial prefill is slow on a CPU)
+from flakecheck.replay.requests import knobs
 
 
 def measure_costs(source: RunSource, model: LoadedModel, network: CausalLM,
@@ -43,9 +45,6 @@ def measure_costs(source: RunSource, model: LoadedModel, network: CausalLM,
             calls[fix.id] = engine_step(network, model, batch, policy=replace(source.policy, **fix.kernels))
         step_s[batch] = interleaved(calls, repeats)
     costs: dict[str, Cost] = {}
-    if any(f.pin_tp for f in fixes_for(source)):
-        costs["pin_tp"] = Cost(None, "no compute cost here: a deployment choice (one TP size for every server the "
-                                     "suite meets; a model that needs more ranks than a machine has cannot take it)")
     widest = batches[-1]
     for fix in kernel_fixes:
         factor = geometric_mean([step_s[b][fix.id] / step_s[b]["run"] for b in batches])
@@ -59,46 +58,34 @@ def measure_costs(source: RunSource, model: LoadedModel, network: CausalLM,
         shown = ", ".join(f"{rate[b]:.0f} at batch {b}" for b in batched)
         costs["serial"] = Cost(factor, f"decode throughput {rate[1]:.1f} tok/s at batch 1 vs {shown}: the same load "
                                        f"takes {factor:.1f}x as long (geometric mean)")
-    cached = [c for c in compositions if c.prefix_cache]
-    if cached:
-        costs["no_prefix_cache"] = _prefix_cost(source, model, network, cached)
-    chunked = sorted({c.chunk for c in compositions if c.chunk is not None})
-    if chunked:
-        costs["no_chunked_prefill"] = _chunk_cost(source, model, network, chunked[0], repeats)
+    pricer = _Pricer(source, model, network, repeats)
+    for axis in offering_axes(source):  # each axis prices its own fixes (flakecheck/data/axes/)
+        for fix_id, (factor, text) in axis.price(pricer, compositions).items():
+            costs.setdefault(fix_id, Cost(factor, text))
     return costs
 
 
-def _prefix_cost(source: RunSource, model: LoadedModel, network: CausalLM, cached: list) -> Cost:
-    engine = LLMEngine(model, network=network)
-    seconds = {True: 0.0, False: 0.0}
-    hits = prompts = 0
-    for composition in cached:
-        order = arrival_order(len(source.requests), composition, 0)[:PREFIX_SAMPLE]
-        requests = [Request(source.requests[i].case_id, source.requests[i].prompt_ids, SamplingParams(1))
-                    for i in order]
-        for use_cache in (False, True):
-            engine.reconfigure(composition.max_batch, composition.chunk, use_cache)
-            t0 = time.perf_counter()
-            engine.generate(requests)
-            seconds[use_cache] += time.perf_counter() - t0
-            if use_cache:
-                hits += engine.stats.prefix_hit_tokens
-                prompts += engine.stats.prompt_tokens
-    factor = seconds[False] / seconds[True]
-    names = ", ".join(c.name for c in cached)
-    return Cost(factor, f"the prefix cache served {hits / max(prompts, 1):.0%} of the prompt tokens of {names} "
-                        f"({hits} of {prompts}, the first {PREFIX_SAMPLE} prompts in arrival order); prefilling them "
-                        f"without it took {factor:.2f}x as long ({seconds[False]:.1f} vs {seconds[True]:.1f} s)")
+class _Pricer:
+    """The measurements a composition axis prices its fix with (flakecheck.data.axes.base.Pricer)."""
 
+    def __init__(self, source: RunSource, model: LoadedModel, network: CausalLM, repeats: int) -> None:
+        self.source, self.model, self.network, self.repeats = source, model, network, repeats
+        self.engine: LLMEngine | None = None
 
-def _chunk_cost(source: RunSource, model: LoadedModel, network: CausalLM, chunk: int, repeats: int) -> Cost:
-    longest = max(len(r.prompt_ids) for r in source.requests)
-    if longest <= chunk:
-        return Cost(1.0, f"no prompt is longer than the {chunk}-token chunk: nothing is split")
-    step_s = interleaved({"whole": engine_step(network, model, 1, longest, longest),
-                          "chunk": engine_step(network, model, 1, chunk, longest)}, repeats)
-    factor = step_s["whole"] / step_s["chunk"]
-    return Cost(factor, f"the longest prompt ({longest} tokens) prefilled in one step takes "
-                        f"{step_s['whole'] * 1e3:.0f} ms instead of {step_s['chunk'] * 1e3:.0f} ms for a "
-                        f"{chunk}-token chunk ({factor:.1f}x): decodes sharing that step wait that long; the tokens "
-                        "computed are the same")
+    def prefill(self, composition: Any, **changed: Any) -> tuple[float, int, int]:
+        if self.engine is None:
+            self.engine = LLMEngine(self.model, network=self.network)
+        requests = self.source.requests
+        order = arrival_order(len(requests), composition, 0)[:PREFIX_SAMPLE]
+        self.engine.configure(replace(knobs(composition), **changed))
+        t0 = time.perf_counter()
+        self.engine.generate([Request(requests[i].case_id, requests[i].prompt_ids, SamplingParams(1)) for i in order])
+        took = time.perf_counter() - t0
+        return took, self.engine.stats.prefix_hit_tokens, self.engine.stats.prompt_tokens
+
+    def longest_prompt(self) -> int:
+        return max(len(r.prompt_ids) for r in self.source.requests)
+
+    def step_seconds(self, shapes: Mapping[str, tuple[int, int, int]]) -> dict[str, float]:
+        return interleaved({name: engine_step(self.network, self.model, *shape) for name, shape in shapes.items()},
+                           self.repeats)

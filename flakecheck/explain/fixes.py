@@ -1,5 +1,6 @@
 """The candidate fixes for a suite's flips, measured by replay: each fix is applied to every composition of
-the run (its kernels, or a scheduling setting), the flaky cases are replayed under every fixed composition
+the run (its kernels, or a scheduling setting; each composition axis declares its own: flakecheck/data/axes/),
+the flaky cases are replayed under every fixed composition
 (one lockstep for all fixes; a fixed composition that computes what a recorded one computed reuses the
 recorded tokens), and a case is stabilised when its tokens are then identical under every composition.
 Verdicts of the fixed outputs are graded as the run graded them (checks, or the grader), to count the
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flakecheck.analysis.verdicts import grade_traces
+from flakecheck.data.axes.base import Axis, AxisFix
+from flakecheck.data.compositions import AXES, Composition
 from flakecheck.data.traces import Trace, run_label
 from flakecheck.explain.source import Divergence, RunSource
 from flakecheck.explain.targeted import Replays, Variant, computation_key
@@ -31,18 +34,22 @@ class Fix:
     vllm: str  # the production setting that corresponds
     sglang: str
     kernels: Mapping[str, str] = field(default_factory=dict)  # op class -> order
-    scheduling: Mapping[str, Any] = field(default_factory=dict)  # composition field -> value
-    pin_tp: bool = False  # every composition at the reference's TP size and all-reduce
+    # (composition, the reference) -> the composition fields the fix sets
+    changes: Callable[[Composition, Composition], Mapping[str, Any]] = lambda composition, reference: {}
 
-    def apply(self, composition: Any, repeat: int, policy: KernelPolicy, reference: Any = None) -> Variant:
-        changes = dict(self.scheduling)
-        if self.pin_tp and reference is not None:
-            changes.update(tp=reference.tp, allreduce=reference.allreduce)
-        return Variant(replace(composition, **changes), repeat, replace(policy, **self.kernels))
+    def apply(self, composition: Composition, repeat: int, policy: KernelPolicy, reference: Composition) -> Variant:
+        return Variant(replace(composition, **self.changes(composition, reference)), repeat,
+                       replace(policy, **self.kernels))
+
+    @classmethod
+    def of(cls, declared: AxisFix) -> Fix:
+        """An axis's fix (flakecheck/data/axes/)."""
+        return cls(declared.id, declared.label, declared.vllm, declared.sglang, declared.kernels, declared.changes)
 
 
 # Flag names as vLLM and SGLang document them: vLLM's batch invariance is one switch for every reduction
-# (VLLM_BATCH_INVARIANT=1), SGLang's deterministic inference likewise; neither fixes one op class alone.
+# (VLLM_BATCH_INVARIANT=1), SGLang's deterministic inference likewise; neither fixes one op class alone. Each
+# composition axis adds its own (flakecheck/data/axes/).
 FIXES = (
     Fix("fixed_matmul", "fixed-order matmuls only", "no separate switch (part of VLLM_BATCH_INVARIANT=1)",
         "no separate switch (part of --enable-deterministic-inference)", kernels={"matmul": "invariant"}),
@@ -51,22 +58,10 @@ FIXES = (
     Fix("fixed_all", "all fixed-order kernels", "VLLM_BATCH_INVARIANT=1", "--enable-deterministic-inference",
         kernels=ALL_FIXED),
     Fix("serial", "serial requests (max batch 1)", "--max-num-seqs 1", "--max-running-requests 1",
-        scheduling={"max_batch": 1}),
-    Fix("no_prefix_cache", "no prefix cache", "--no-enable-prefix-caching", "--disable-radix-cache",
-        scheduling={"prefix_cache": False}),
-    Fix("no_chunked_prefill", "no chunked prefill", "--no-enable-chunked-prefill", "--chunked-prefill-size -1",
-        scheduling={"chunk": None}),
-    # TP sizes: one --tensor-parallel-size for every server the suite meets; or reductions whose order no TP
-    # size changes, which neither engine offers (TP-invariant kernels are research: TBIK)
-    Fix("pin_tp", "pin the TP size", "the same --tensor-parallel-size on every server",
-        "the same --tp-size on every server", pin_tp=True),
-    Fix("tp_invariant", "tp-invariant reductions", "no switch (batch invariance does not cover a TP change)",
-        "no switch (deterministic inference does not cover a TP change)",
-        kernels={"matmul": "tp-invariant", "attention": "tp-invariant", "norm": "tp-invariant"}),
+        changes=lambda composition, reference: {"max_batch": 1}),
 )
 
 
-TP_FIXES = ("pin_tp", "tp_invariant")
 # a mixture of experts: the router's matmul fixed-order alone (removes routing flips), the experts' alone
 MOE_FIXES = (
     Fix("fixed_router", "fixed-order router matmul only", "no separate switch (part of VLLM_BATCH_INVARIANT=1)",
@@ -77,13 +72,17 @@ MOE_FIXES = (
 )
 
 
+def offering_axes(source: RunSource) -> list[Axis]:
+    """The composition axes whose fixes a run is offered: an axis says where (the TP size's only where some
+    composition runs at another TP size or all-reduce than the reference's: elsewhere there is none to fix)."""
+    compositions = [c for c, _ in source.work]
+    return [axis for axis in AXES if axis.offers_fixes(compositions, source.reference)]
+
+
 def fixes_for(source: RunSource) -> tuple[Fix, ...]:
-    """The candidate fixes of a run: the TP ones only where some composition runs at another TP size (or
-    all-reduce) than the reference's — elsewhere there is no TP change to fix; the router's and the experts'
-    only for a mixture of experts."""
-    ref = source.reference
-    varies = any((c.tp, c.allreduce) != (ref.tp, ref.allreduce) and max(c.tp, ref.tp) > 1 for c, _ in source.work)
-    fixes = FIXES if varies else tuple(f for f in FIXES if f.id not in TP_FIXES)
+    """The candidate fixes of a run: the kernels' and serial requests', each offering axis's, and the router's
+    and the experts' only for a mixture of experts."""
+    fixes = FIXES + tuple(Fix.of(f) for axis in offering_axes(source) for f in axis.fixes)
     return fixes + MOE_FIXES if source.moe else fixes
 
 

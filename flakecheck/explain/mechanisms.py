@@ -10,15 +10,14 @@ reproduces* a case's divergence when its pair's tokens first differ at the step 
   A mixture of experts adds two: the router's matmul split alone (`matmul=invariant,...,router=splitk`: a
   routing flip reproduces under it) and the routed experts' matmuls split alone (`experts=splitk`: their
   per-expert split plans, which follow the rows routed to each expert).
-- Scheduling mechanisms, under the run's own kernels, each as (the divergent composition without the
-  feature, the divergent composition): chunked prefill (chunks -> whole prompts), prefix-cache reuse (cached
-  -> recomputed KV), the batch-size axis alone (the reference against the divergent composition stripped
-  of chunking, prefix cache, fillers and its own tensor parallelism), and the tensor-parallel size alone (the
-  reference against the reference at the divergent composition's TP size and all-reduce). Only features the
-  divergent composition has are candidates.
+- Scheduling mechanisms, under the run's own kernels: the batch size alone (the reference against the
+  divergent composition stripped of fillers and of every axis), and each composition axis's pair, as its file
+  in flakecheck/data/axes/ declares it: chunked prefill (chunks -> whole prompts), prefix-cache reuse (cached
+  -> recomputed KV), the tensor-parallel size alone (the reference against the reference at the divergent
+  composition's TP size and all-reduce). Only axes the divergent composition has are candidates.
 
-The reduction and batch-size pairs run at the reference's TP size, so that a TP change never passes for one
-of them.
+The reduction and batch-size pairs run with every axis that changes the reductions themselves (the TP size)
+at the reference's setting, so that such a change never passes for one of them.
 
 Side `a` plays the reference's part and side `b` the divergent one's, so a pair's token pair at its first
 divergence compares with the run's (reference token, divergent token).
@@ -27,11 +26,12 @@ divergence compares with the run's (reference token, divergent token).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from flakecheck.analysis.attribution import MOE_REDUCTIONS, REDUCTIONS
+from flakecheck.analysis.attribution import MOE_REDUCTIONS, REDUCTIONS, SCHEDULING
 from flakecheck.analysis.divergence import first_divergence
-from flakecheck.data.compositions import Composition, Fillers
+from flakecheck.data.axes.base import renamed
+from flakecheck.data.compositions import AXES, Composition, Fillers
 from flakecheck.explain.source import Divergence
 from flakecheck.explain.targeted import Variant
 from flakecheck.kernels.policy import KernelPolicy
@@ -52,49 +52,49 @@ class Pair:
 
 def pairs(divergence: Divergence, reference: Composition, run_policy: KernelPolicy, moe: bool = False) -> list[Pair]:
     """Every mechanism's pair for one diverged case, candidates or not (with the reason); `moe`: the model is a
-    mixture of experts (its router and experts are replayed apart too)."""
+    mixture of experts (its router and experts are replayed apart too). The scheduling mechanisms are the batch
+    size and every composition axis's (flakecheck/data/axes/), in attribution's SCHEDULING order."""
     found = []
     d, r = divergence.composition, divergence.repeat
-    other_tp = (d.tp, d.allreduce) != (reference.tp, reference.allreduce) and max(d.tp, reference.tp) > 1
-    # the divergent composition at the reference's TP size: what the other mechanisms are replayed on
-    at_reference_tp = replace(d, name=f"{d.name[:58]}-reftp", tp=reference.tp, allreduce=reference.allreduce) \
-        if other_tp else d
+    # the divergent composition with every axis that changes the reductions themselves (a TP size) at the
+    # reference's setting: what the reduction and batch-size pairs are replayed on
+    pinned: dict[str, object] = {}
+    for axis in AXES:
+        if axis.changes_reductions and axis.present(d, reference):
+            pinned.update(axis.strip(d, reference))
+    at_reference = renamed(d, "ref", **pinned) if pinned else d
     for mechanism, op_class, _ in REDUCTIONS + (MOE_REDUCTIONS if moe else ()):
         order = getattr(run_policy, op_class) or run_policy.matmul  # router, experts: as matmul unless named
         if order != "splitk":
             found.append(Pair(mechanism, "reduction", None, None, f"{op_class} is {order} in the run's kernels"))
             continue
         alone = KernelPolicy(**{op_class: "splitk"})
-        found.append(Pair(mechanism, "reduction", Variant(reference, 0, alone), Variant(at_reference_tp, r, alone)))
-    own = Variant(d, r, run_policy)
-    if d.chunk is None:
-        found.append(Pair("chunked_prefill", "scheduling", None, None, f"{d.name} prefills whole prompts"))
-    else:
-        found.append(Pair("chunked_prefill", "scheduling", _without(own, "whole", chunk=None), own))
-    if not d.prefix_cache:
-        found.append(Pair("prefix_cache", "scheduling", None, None, f"{d.name} has no prefix cache"))
-    else:
-        found.append(Pair("prefix_cache", "scheduling", _without(own, "nocache", prefix_cache=False), own))
-    if d.max_batch == 1:
-        found.append(Pair("batch_size", "scheduling", None, None, f"{d.name} is serial (max_batch 1)"))
-    else:
-        stripped = _without(own, "batchonly", chunk=None, prefix_cache=False, fillers=Fillers(), tp=reference.tp,
-                            allreduce=reference.allreduce)
-        found.append(Pair("batch_size", "scheduling", Variant(reference, 0, run_policy), stripped))
-    if not other_tp:
-        found.append(Pair("tensor_parallel", "scheduling", None, None, f"{d.name} runs at the reference's TP size"))
-    else:
-        tp_alone = Variant(replace(reference, name=f"{reference.name[:56]}-tp{d.tp}", tp=d.tp, allreduce=d.allreduce),
-                           0, run_policy)
-        found.append(Pair("tensor_parallel", "scheduling", Variant(reference, 0, run_policy), tp_alone))
+        found.append(Pair(mechanism, "reduction", Variant(reference, 0, alone), Variant(at_reference, r, alone)))
+    by_name = {axis.name: axis for axis in AXES}
+    for mechanism, _ in SCHEDULING:
+        axis = by_name.get(mechanism)
+        if axis is None:
+            found.append(_batch_size(d, r, reference, run_policy))
+        elif not axis.present(d, reference):
+            found.append(Pair(mechanism, "scheduling", None, None, axis.absent(d)))
+        else:
+            a, b = axis.pair(d, reference)
+            # a side built on the divergent composition keeps its repeat (arrival order, fillers); one built on
+            # the reference is its first
+            repeat = 0 if a is reference or b is reference else r
+            found.append(Pair(mechanism, "scheduling", Variant(a, repeat, run_policy), Variant(b, repeat, run_policy)))
     return found
 
 
-def _without(variant: Variant, suffix: str, **changes: object) -> Variant:
-    """The variant's composition with `changes`, named `<name>-<suffix>`."""
-    composition = variant.composition
-    name = f"{composition.name[:63 - len(suffix)]}-{suffix}"
-    return Variant(replace(composition, name=name, **changes), variant.repeat, variant.policy)
+def _batch_size(d: Composition, r: int, reference: Composition, run_policy: KernelPolicy) -> Pair:
+    """The reference against the divergent composition stripped of fillers and of every axis."""
+    if d.max_batch == 1:
+        return Pair("batch_size", "scheduling", None, None, f"{d.name} is serial (max_batch 1)")
+    stripped: dict[str, object] = {"fillers": Fillers()}
+    for axis in AXES:
+        stripped.update(axis.strip(d, reference))
+    return Pair("batch_size", "scheduling", Variant(reference, 0, run_policy),
+                Variant(renamed(d, "batchonly", **stripped), r, run_policy))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from flakecheck.data.compositions import Composition
+from flakecheck.data.compositions import AXES, Composition
 from flakecheck.data.rundir import write_json
 from flakecheck.data.suite import Case
 from flakecheck.data.traces import run_label
@@ -180,15 +180,16 @@ def _without_compositions(argv: list[str]) -> list[str]:
 
 def probe_command(source: RunSource, d: Divergence, endpoint: str = "http://127.0.0.1:8000") -> str:
     """`flakecheck probe` offering a server the same load: serial requests as the reference, then the divergent
-    composition's concurrency, fillers and prefix reuse (chunked prefill is the server's own setting)."""
+    composition's concurrency, fillers and what each axis asks (prefix reuse; chunked prefill is the server's own
+    setting, which the README states)."""
     c = d.composition
     argv = ["flakecheck", "probe", SUITE, "--endpoint", endpoint, "--concurrency",
             "1" if c.max_batch == 1 else f"1,{c.max_batch}", "--max-tokens", str(source.config.max_tokens),
             "--dtype", source.config.engine.dtype]
     if c.fillers.count:
         argv += ["--fillers", str(c.fillers.count)]
-    if c.prefix_cache:
-        argv.append("--prefix")
+    for axis in AXES:  # what each composition axis asks of the server (flakecheck/data/axes/)
+        argv += axis.probe_args(c)
     if d.repeat:
         argv += ["--repeat", str(d.repeat + 1)]
     return shlex.join(argv)
@@ -199,9 +200,7 @@ def _text(value: Any) -> str | None:
 
 
 def _readme(source: RunSource, d: Divergence, expected: dict[str, Any], probe: str) -> str:
-    c = d.composition
-    chunk = (f"\nThe divergent composition prefills in chunks of {c.chunk} tokens: start the server with the same "
-             f"budget (vLLM: --enable-chunked-prefill --max-num-batched-tokens {c.chunk}).\n") if c.chunk else ""
+    notes = "".join(axis.repro_note(d.composition) for axis in AXES)  # the server settings an axis needs
     return f"""Reproduce flakecheck's flip of case {d.case_id!r}
 {'=' * (34 + len(d.case_id))}
 
@@ -225,4 +224,4 @@ and checks the new run's first divergence: exit 0 when it is at step {d.step} wi
 The same load offered to a server (an OpenAI-compatible endpoint; set --endpoint):
 
     {probe}
-{chunk}"""
+{notes}"""

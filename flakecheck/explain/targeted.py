@@ -3,9 +3,9 @@ all in one simulated lockstep, reusing what the run recorded wherever a variant 
 composition computed.
 
 Two variants compute the same thing when they have the same policy and either are both serial without a
-prefix cache and with the same chunk budget and tensor parallelism (a case is then alone in every step:
-arrival order, repeat and fillers cannot touch it), or have equal composition fields (the name aside) and the
-same repeat.
+prefix cache and with the same engine knobs (chunk budget, tensor parallelism: what the axes set; a case is
+then alone in every step: arrival order, repeat and fillers cannot touch it), or have equal composition
+fields (the name aside) and the same repeat.
 
 Only what is needed is replayed: a serial variant only for the cases asked of it, a batched one whole (its
 other cases are batch-mates that shape every step), each case only up to its window when one is given (the
@@ -27,7 +27,8 @@ from flakecheck.engine.models import CausalLM
 from flakecheck.explain.source import RunSource
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay.cluster import Cluster
-from flakecheck.replay.run import SHARDS_PER_WORKER
+from flakecheck.replay.driver import SHARDS_PER_WORKER
+from flakecheck.replay.requests import knobs
 from flakecheck.replay.shards import Shard, Unit, balance, case_rows, plan_shards
 from flakecheck.replay.simulated import Job, Simulation
 from flakecheck.run.progress import ReplayProgress
@@ -51,7 +52,7 @@ def computation_key(variant: Variant) -> tuple[Any, ...]:
     """Equal for two variants exactly when they compute the same tokens (see the module docstring)."""
     c = variant.composition
     if c.cases_alone:
-        return ("serial", c.chunk, c.tp, c.allreduce if c.tp > 1 else None, variant.policy)
+        return ("serial", knobs(c), variant.policy)
     fields = c.to_dict()
     fields.pop("name")
     return (json.dumps(fields, sort_keys=True), variant.repeat, variant.policy)

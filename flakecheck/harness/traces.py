@@ -10,8 +10,8 @@ import math
 from flakecheck.data.traces import Trace
 from flakecheck.harness.model import SampleRun
 from flakecheck.harness.text_units import text_units
+from flakecheck.probe.level_runner import trace_from_answer
 from flakecheck.probe.parse import Answer, TokenRef
-from flakecheck.probe.runner import trace_from_answer
 from flakecheck.probe.vocab import MISSING, Vocab
 
 UNKNOWN = math.nan

@@ -37,11 +37,11 @@ from flakecheck.kernels.profiles import MAX_ROW_SPLITS, get_profile
 from flakecheck.kernels.registry import get_ops
 from flakecheck.kernels.tensor_parallel import TP_INVARIANT
 from flakecheck.kernels.tiles import FP_FUSION
-from flakecheck.machine import probes
+from flakecheck.machine import invariance_probes as probes
 from flakecheck.machine.cache import cache_root
 from flakecheck.machine.device import CPU, Device
 from flakecheck.machine.fingerprint import MachineFingerprint, current, flakecheck_version
-from flakecheck.machine.probes import BLOCK_ROWS, ProbeDims
+from flakecheck.machine.invariance_probes import BLOCK_ROWS, ProbeDims
 
 # The Triton interpreter (TRITON_INTERPRET=1 on a CPU: a numpy emulation for tests) runs a kernel program by
 # program in Python: the attention probe's 17 sequences of up to 640 keys take minutes there. It gets 6 of up

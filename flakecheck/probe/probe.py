@@ -3,7 +3,7 @@
 check the server (nothing written yet) -> each level in turn (saved as soon as it finishes) ->
 the same analysis and run directory as `flakecheck run` -> report.html. Ctrl-C keeps the finished
 levels; a level whose request still fails after its retries stops the probe with exit 2, the
-finished levels kept, and the message names the failed cases (see flakecheck.probe.runner).
+finished levels kept, and the message names the failed cases (see flakecheck.probe.level_runner).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from flakecheck.probe.conformance.noise import ServerNoise
 from flakecheck.probe.detokenize import fill_token_texts
 from flakecheck.probe.discover import ServerInfo, check_prompts, discover
 from flakecheck.probe.endpoint import Endpoint, api_key_from_env
+from flakecheck.probe.level_runner import LevelFailed, LevelResult, run_level
 from flakecheck.probe.levels import REFERENCE, LoadLevel, make_levels
 from flakecheck.probe.rounds import AutoRounds, flat_units
-from flakecheck.probe.runner import LevelFailed, LevelResult, run_level
 from flakecheck.probe.settings import ProbeConfig
 from flakecheck.probe.store import ProbeStore
 from flakecheck.probe.vocab import Vocab

@@ -16,7 +16,7 @@ from typing import Any
 from flakecheck.data.rundir import RunDirectory, write_json
 from flakecheck.data.traces import Trace
 from flakecheck.errors import UserError
-from flakecheck.probe.runner import LevelResult
+from flakecheck.probe.level_runner import LevelResult
 from flakecheck.probe.vocab import Vocab
 
 VOCAB = "probe-vocab.json"

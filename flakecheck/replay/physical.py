@@ -12,14 +12,13 @@ from collections.abc import Callable, Sequence
 from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, LLMEngine
-from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, tensor_parallel, trace_of
+from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, knobs, trace_of
 
 
 def replay(engine: LLMEngine, cases: Sequence[CaseRequest], composition: Composition, repeat: int,
            on_case_done: Callable[[Trace], None] | None = None) -> list[Trace]:
     """Every case under one composition, through the scheduler; traces in suite order."""
-    engine.reconfigure(composition.max_batch, composition.chunk, composition.prefix_cache,
-                       tensor_parallel(composition))
+    engine.configure(knobs(composition))
     vocab = engine.loaded.config.vocab_size
     special = frozenset(getattr(engine.loaded.tokenizer, "all_special_ids", []) or []) | engine.eos_token_ids
     traces: dict[str, Trace] = {}

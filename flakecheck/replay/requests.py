@@ -13,8 +13,7 @@ from typing import Any
 from flakecheck.data.compositions import Composition, arrival_order, make_fillers
 from flakecheck.data.routing import routing_digest
 from flakecheck.data.traces import Trace
-from flakecheck.engine import Completion, Request, SamplingParams
-from flakecheck.kernels.tensor_parallel import NONE, TensorParallel
+from flakecheck.engine import Completion, Knobs, Request, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -37,9 +36,9 @@ def is_filler(request_id: Any) -> bool:
     return isinstance(request_id, FillerId)
 
 
-def tensor_parallel(composition: Composition) -> TensorParallel:
-    """The ranks a composition's steps are planned at, and the all-reduce it names (none at one rank)."""
-    return TensorParallel(composition.tp, composition.allreduce if composition.tp > 1 else NONE)
+def knobs(composition: Composition) -> Knobs:
+    """The engine knobs a composition sets (its axes declare them: flakecheck/data/axes/)."""
+    return Knobs(**composition.engine_knobs())
 
 
 def trace_of(c: Completion, composition: str, repeat: int) -> Trace:

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flakecheck.data.compositions import Composition
-from flakecheck.replay.requests import CaseRequest
+from flakecheck.engine import Knobs
+from flakecheck.replay.requests import CaseRequest, knobs
 from flakecheck.replay.simulated import Job
 
 
@@ -60,22 +61,23 @@ def plan_units(cases: Sequence[CaseRequest], work: Sequence[tuple[Composition, i
     ids = frozenset(c.case_id for c in cases)
     units: list[Unit] = []
     serial: dict[str, list[Job]] = {c.case_id: [] for c in cases}
-    chunks: dict[str, set[tuple[int | None, int, str]]] = {c.case_id: set() for c in cases}
+    computations: dict[str, set[Knobs]] = {c.case_id: set() for c in cases}
     total = sum(case_rows(c) for c in cases)
     for composition, repeat in work:
         if composition.cases_alone:
             for case in cases:
                 serial[case.case_id].append(Job(composition, repeat, cases=frozenset({case.case_id})))
-                chunks[case.case_id].add((composition.chunk, composition.tp, composition.allreduce))
+                computations[case.case_id].add(knobs(composition))
             continue
         fillers = composition.fillers
         # fillers are computed only where a prefix cache lets a case read their KV (else they shape steps only)
-        filler_rows = fillers.count * (fillers.prompt_len[1] + fillers.output_len[1]) if composition.prefix_cache else 0
+        filler_rows = (fillers.count * (fillers.prompt_len[1] + fillers.output_len[1])
+                       if knobs(composition).enable_prefix_caching else 0)
         units.append(Unit((Job(composition, repeat, cases=ids),), total + filler_rows))
     for case in cases:
         if serial[case.case_id]:
-            # one computation per chunk budget (and TP), whatever composition or repeat reports it
-            units.append(Unit(tuple(serial[case.case_id]), case_rows(case) * len(chunks[case.case_id])))
+            # one computation per engine knobs (chunk budget, TP, ...), whatever composition or repeat reports it
+            units.append(Unit(tuple(serial[case.case_id]), case_rows(case) * len(computations[case.case_id])))
     return units
 
 

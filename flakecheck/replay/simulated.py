@@ -32,14 +32,13 @@ from typing import Any
 
 from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace
-from flakecheck.engine import Completion, EngineCore, LoadedModel, Request
+from flakecheck.engine import Completion, EngineCore, Knobs, LoadedModel, Request
 from flakecheck.engine.llm_engine import kv_cache
 from flakecheck.engine.models import CausalLM
 from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
 from flakecheck.kernels.policy import KernelPolicy
-from flakecheck.kernels.tensor_parallel import TensorParallel
 from flakecheck.replay.lockstep import Lockstep, Member
-from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, tensor_parallel, trace_of
+from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, knobs, trace_of
 
 MAX_SLOTS = 256  # KV slots in the pool: sequences held at once across every core
 MAX_ROWS = 2048  # rows of one physical forward pass
@@ -132,7 +131,7 @@ class _Builder:
         self.case_ids = [c.case_id for c in cases]
         self.on_case_done, self.on_run_done = on_case_done, on_run_done
         # serial cores without a prefix cache, shared by every run that schedules the same computation
-        self.serial: dict[tuple[str, int | None, KernelPolicy | None, TensorParallel], list[RunTraces]] = {}
+        self.serial: dict[tuple[str, Knobs, KernelPolicy | None], list[RunTraces]] = {}
         self.runs: dict[tuple[str, int], RunTraces] = {}  # each job's traces, by (job name, repeat)
 
     def core(self, max_num_seqs: int, chunk: int | None, prefix: PrefixCache | None) -> EngineCore:
@@ -165,12 +164,13 @@ class _Builder:
             for request in requests:
                 if is_filler(request.request_id) or str(request.request_id) not in reported:
                     continue  # fillers and other cases never share a step with a case of a serial composition
-                key = (str(request.request_id), composition.chunk, job.policy, tensor_parallel(composition))
+                key = (str(request.request_id), knobs(composition), job.policy)
                 if key not in self.serial:
                     self.serial[key] = []
-                    core = self.core(1, composition.chunk, None)
+                    core = self.core(1, key[1].max_num_batched_tokens, None)
                     core.add_request(Request(request.request_id, request.prompt_ids, request.params))
-                    self.lockstep.add(Member(core, self.listener(self.serial[key]), policy=job.policy, tp=key[3],
+                    self.lockstep.add(Member(core, self.listener(self.serial[key]), policy=job.policy,
+                                             tp=key[1].tensor_parallel,
                                              done=self.wanted(core, self.serial[key], [key[0]])))
                 self.serial[key].append(run)
         elif composition.max_batch > 1:
@@ -204,14 +204,14 @@ class _Builder:
 
     def _whole(self, job: Job, runs: list[RunTraces], requests: list[Request]) -> None:
         composition = job.composition
-        prefix = PrefixCache() if composition.prefix_cache else None
-        core = self.core(composition.max_batch, composition.chunk, prefix)
+        prefix = PrefixCache() if knobs(composition).enable_prefix_caching else None
+        core = self.core(composition.max_batch, knobs(composition).max_num_batched_tokens, prefix)
         for request in requests:
             # a filler's length is fixed (it ignores EOS) and its values reach a case only through a prefix
             # cache: without one it shapes the steps and needs no computing
             filler = is_filler(request.request_id) and request.params.ignore_eos
             core.add_request(replace(request, shape_only=filler and prefix is None))
-        self.lockstep.add(Member(core, self.listener(runs), policy=job.policy, tp=tensor_parallel(composition),
+        self.lockstep.add(Member(core, self.listener(runs), policy=job.policy, tp=knobs(composition).tensor_parallel,
                                  done=self.wanted(core, runs, runs[0].case_ids)))
 
     def _serial_with_prefix(self, job: Job, run: RunTraces, requests: list[Request]) -> None:
@@ -228,13 +228,13 @@ class _Builder:
         for request, key in zip(order, first_block):
             if is_filler(request.request_id) and key not in case_groups:
                 continue  # a filler that shares no prompt block with any case cannot touch one
-            core = self.core(1, job.composition.chunk, prefix)
+            core = self.core(1, knobs(job.composition).max_num_batched_tokens, prefix)
             core.add_request(Request(request.request_id, request.prompt_ids, request.params,
                                      cache_salt=request.cache_salt))
             waits = list(earlier.get(key, [])) if key is not None else []
             reported = [str(request.request_id)] if str(request.request_id) in run.case_ids else []
             self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits),
-                                     policy=job.policy, tp=tensor_parallel(job.composition),
+                                     policy=job.policy, tp=knobs(job.composition).tensor_parallel,
                                      done=self.wanted(core, [run], reported)))
             if key is not None:
                 earlier.setdefault(key, []).append(core)

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from flakecheck.grading.external import DEFAULT_TIMEOUT_S as GRADER_TIMEOUT_S
 
 DEFAULT_MODEL = "smollm2"  # engine/packaged_models.py
-DEFAULT_LOAD = "poisson:16"  # analysis/flip/load.py
+DEFAULT_LOAD = "poisson:16"  # analysis/flip/server_load.py
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # engine/settings.py
 
 # where a value goes: `engine` (EngineSettings.parse's keyword), `field` (the RunConfig field of that name),

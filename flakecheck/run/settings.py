@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flakecheck.analysis.flip.adaptive import AutoDraws
-from flakecheck.analysis.flip.load import LoadModel, parse_load, parse_tp_sizes, sample_compositions
+from flakecheck.analysis.flip.server_load import LoadModel, parse_load, parse_tp_sizes, sample_compositions
 from flakecheck.data.compositions import DEFAULT_COMPOSITIONS, Composition, order_compositions
 from flakecheck.data.input_format import INPUT_FORMATS
 from flakecheck.engine.settings import EngineSettings

@@ -6,7 +6,7 @@ from __future__ import annotations
 from flakecheck.engine.model_config import HEAD, PROJECTION, ModelConfig
 from flakecheck.kernels import ModelDims
 from flakecheck.kernels.tensor_parallel import ShardedDims
-from flakecheck.machine.probes import ProbeDims
+from flakecheck.machine.invariance_probes import ProbeDims
 
 COLUMN, ROW = "column", "row"
 

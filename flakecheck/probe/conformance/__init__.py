@@ -5,13 +5,13 @@
     result.exit_code   # 1 when an expected axis does not hold
 """
 
-from flakecheck.probe.conformance.check import (
+from flakecheck.probe.conformance.noise import ServerNoise
+from flakecheck.probe.conformance.pipeline import (
     ConformanceFailed,
     ConformanceInterrupted,
     ConformanceResult,
     conformance_check,
 )
-from flakecheck.probe.conformance.noise import ServerNoise
 from flakecheck.probe.conformance.settings import ConformanceConfig
 
 __all__ = ["ConformanceConfig", "ConformanceFailed", "ConformanceInterrupted", "ConformanceResult", "ServerNoise",

@@ -16,7 +16,7 @@ Each axis changes one thing from a baseline and keeps the rest:
 
 The reference unit sends every target (and the long prompt) alone, one after another, each with its own
 `cache_salt`, so no request can reuse another's cached prompt; so does every unit, except where the prefix
-cache is the point. A unit is saved whole as soon as it finishes (see flakecheck.probe.conformance.check).
+cache is the point. A unit is saved whole as soon as it finishes (see flakecheck.probe.conformance.pipeline).
 """
 
 from __future__ import annotations

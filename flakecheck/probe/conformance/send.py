@@ -18,8 +18,8 @@ from flakecheck.data.traces import Trace
 from flakecheck.probe.bodies import BodyOptions, completion_body
 from flakecheck.probe.client import RequestFailed, ServerClient
 from flakecheck.probe.conformance.plan import Request, Unit
+from flakecheck.probe.level_runner import RUN_NONCE, trace_from_answer
 from flakecheck.probe.parse import Answer, AnswerError
-from flakecheck.probe.runner import RUN_NONCE, trace_from_answer
 from flakecheck.probe.vocab import Vocab
 
 

@@ -31,9 +31,9 @@ from flakecheck.kernels.paths import FAST
 from flakecheck.kernels.policy import UNIFORM_POLICIES, KernelPolicy
 from flakecheck.kernels.profiles import DEFAULT_PROFILE
 from flakecheck.kernels.registry import DTYPES, backend_for, get_ops, resolve_backend
-from flakecheck.machine import probes
+from flakecheck.machine import invariance_probes as probes
 from flakecheck.machine.device import CPU, Device, profile_of
-from flakecheck.machine.probes import BLOCK_ROWS, SMOLLM2
+from flakecheck.machine.invariance_probes import BLOCK_ROWS, SMOLLM2
 from flakecheck.machine.selfcheck import Verification, verify
 
 VERIFIED = ("invariant", "splitk")
