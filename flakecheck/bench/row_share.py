@@ -28,7 +28,7 @@ from flakecheck.engine import load_model
 from flakecheck.engine.models import probe_dims
 from flakecheck.engine.settings import EngineSettings
 from flakecheck.engine.spec import resolve_engine
-from flakecheck.replay.row_share import DEFAULT_MAX_ROWS, RowStore
+from flakecheck.replay.row_share import DEFAULT_MAX_BYTES, RowStore
 from flakecheck.run.engine_source import run_suite
 
 KEY = ["composition", "repeat", "case_id"]
@@ -46,7 +46,7 @@ def main(json_out: bool = False, quick: bool = False, limit: int | None = None, 
         # a short run first: the first replay in a process pays one-time costs that neither side should carry
         run_suite(suite.select(limit=1), model=loaded, kernels="splitk", compositions=[Composition(REFERENCE)],
                   out=Path(tmp) / "warm", html=False, max_tokens=4)
-        for side, rows in (("without_store", 0), ("with_store", DEFAULT_MAX_ROWS)):
+        for side, rows in (("without_store", 0), ("with_store", DEFAULT_MAX_BYTES)):
             t0 = time.perf_counter()
             with RowStore.capacity(rows):
                 run = run_suite(suite, model=loaded, kernels="splitk", compositions=[Composition(REFERENCE)],

@@ -13,8 +13,8 @@ logprob).
 
 The store is opt-in and scoped: `with RowStore.active(store): ...` makes every lockstep built inside it use
 `store`; outside, `RowStore.current()` is None and replay is what it was (`run --sample auto` opens one for its
-rounds). It keeps at most `max_rows` rows (what it cannot keep is computed again when needed):
-`RowStore.capacity(0)` turns it off, for a side-by-side measurement.
+rounds). It keeps at most `max_bytes` of rows, 1 GiB by default (what it cannot keep is computed again when
+needed): `RowStore.capacity(0)` turns it off, for a side-by-side measurement.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import torch
 from flakecheck.engine.engine_core import Sampled
 from flakecheck.engine.kv_cache import KVCache
 
-# about 23 KB a row for SmolLM2-135M in bf16 (30 layers, 3 KV heads of 64): 64k rows ~ 1.5 GB
-DEFAULT_MAX_ROWS = 65536
+# what a store may hold: about 23 KB a row for SmolLM2-135M in bf16 (30 layers, 3 KV heads of 64), ~46,000 rows
+DEFAULT_MAX_BYTES = 1 << 30
 
 _ACTIVE: ContextVar[RowStore | None] = ContextVar("flakecheck_row_store", default=None)
-# how many rows a run's store keeps (`RowStore.for_run`); 0 turns sharing beyond a lockstep off (bench row_share)
-_CAPACITY: ContextVar[int] = ContextVar("flakecheck_row_store_rows", default=DEFAULT_MAX_ROWS)
+# how many bytes of rows a run's store keeps (`RowStore.for_run`); 0 turns sharing beyond a lockstep off
+_CAPACITY: ContextVar[int] = ContextVar("flakecheck_row_store_bytes", default=DEFAULT_MAX_BYTES)
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,8 @@ class StoreStats:
 class RowStore:
     """Computed rows' keys and values and sampled tokens, by lineage digest, across locksteps."""
 
-    def __init__(self, max_rows: int = DEFAULT_MAX_ROWS) -> None:
-        self.max_rows = max_rows
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_rows: int | None = None) -> None:
+        self.max_bytes, self.max_rows = max_bytes, max_rows
         self.rows: dict[bytes, torch.Tensor] = {}  # digest -> [layers, 2, kv_heads, head_dim]
         self.sampled: dict[tuple[bytes, int, int], Sampled] = {}
         # the numbering of plan bodies that digests are made of: the same for every lockstep, or digests of
@@ -71,9 +71,9 @@ class RowStore:
 
     @staticmethod
     @contextmanager
-    def capacity(max_rows: int) -> Iterator[None]:
-        """Stores made inside (`for_run`) keep at most `max_rows` rows (0: none, every row computed)."""
-        token = _CAPACITY.set(max_rows)
+    def capacity(max_bytes: int) -> Iterator[None]:
+        """Stores made inside (`for_run`) keep at most `max_bytes` of rows (0: none, every row computed)."""
+        token = _CAPACITY.set(max_bytes)
         try:
             yield
         finally:
@@ -101,7 +101,11 @@ class RowStore:
         new = [i for i, d in enumerate(digests) if d not in self.rows]
         if not new:
             return
-        room = self.max_rows - len(self.rows)
+        row_bytes = cache.k[0][0, 0].numel() * cache.k[0].element_size() * 2 * len(cache.k)
+        limit = self.max_bytes // row_bytes
+        if self.max_rows is not None:
+            limit = min(limit, self.max_rows)
+        room = limit - len(self.rows)
         if room < len(new):
             self.stats.full += len(new) - max(room, 0)
             new = new[:max(room, 0)]
