@@ -364,13 +364,14 @@ def serve_cli(
 
 
 @app.command("bench",
-             help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration | tp.\n\n"
-             "Example: flakecheck bench run --json")
+             help="Benchmarks, one JSON line each: engine | kernels | run | pinning | scale | calibration | "
+             "row_share | tp.\n\nExample: flakecheck bench run --json")
 def bench_cli(
     target: str = typer.Argument("engine", help="engine | kernels | run | pinning (what the pinned settings cost) | "
                                  "scale (one process against a local Ray cluster) | calibration (predicted vs observed "
-                                 "flip probability, and what --sample costs) | tp (demo flips across TP 1 and 3 beside "
-                                 "batch sizes, and what the tp-invariant order costs)"),
+                                 "flip probability, and what --sample costs) | row_share (what the row store saves "
+                                 "--sample auto) | tp (demo flips across TP 1 and 3 beside batch sizes, and what the "
+                                 "tp-invariant order costs)"),
     json_out: bool = typer.Option(False, "--json", help="print only the JSON line"),
     quick: bool = typer.Option(False, help="a smaller workload (smoke test of the benchmark itself)"),
     cases: int | None = typer.Option(None, help="run, pinning, scale, tp: demo cases to replay (default 24; pinning "
@@ -381,7 +382,8 @@ def bench_cli(
     ray: str | None = typer.Option(None, "--ray", help="run: time the simulated side on a Ray cluster too (--ray "
                                    "alone: a local one; auto; or an address)"),
     workers: int = typer.Option(2, help="run --ray: replay actors"),
-    limit: int | None = typer.Option(None, help="calibration: only the first N demo cases (default all 111)"),
+    limit: int | None = typer.Option(None, help="calibration: only the first N demo cases (default all 111); "
+                                     "row_share: (default 4)"),
     sample: int | None = typer.Option(None, help="calibration: compositions to sample (default 32)"),
     device: str = typer.Option("auto", help="engine, kernels: auto (CUDA when torch sees a GPU) | cpu | cuda | "
                                "cuda:N; the other benchmarks measure the CPU"),
@@ -396,7 +398,7 @@ def bench_cli(
     from flakecheck.engine.settings import parse_kernels
     from flakecheck.machine.device import Device
 
-    targets = ("engine", "kernels", "run", "pinning", "scale", "calibration", "tp")
+    targets = ("engine", "kernels", "run", "pinning", "scale", "calibration", "row_share", "tp")
     if target not in targets:
         raise UserError(f"unknown benchmark {target!r}; choose {', '.join(targets)}")
     resolved = Device.parse(device)
@@ -419,6 +421,10 @@ def bench_cli(
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be an integer >= 1, got {value}")
         extra = {"limit": limit, "sample": sample}
+    if target == "row_share":
+        if limit is not None and limit < 1:
+            raise UserError(f"--limit must be an integer >= 1, got {limit}")
+        extra = {"limit": limit}
     module.main(json_out=json_out, quick=quick, **extra)
 
 

@@ -39,6 +39,7 @@ from flakecheck.engine.kv_cache import KVCache
 from flakecheck.engine.model_runner import BatchBuilder, PlannedStep
 from flakecheck.engine.sequence import SeqStatus, Sequence
 from flakecheck.kernels import StepPlan
+from flakecheck.replay.row_share import RowStore, Stored
 
 # what a shape-only sequence "samples": nothing reads it, and its length does not depend on it
 UNREAD = Sampled(0, 0, math.nan, math.nan, math.nan)
@@ -67,9 +68,10 @@ class SeqRows:
     start: int
     n: int
     digests: list[bytes]  # empty for a shape-only sequence: nothing of it is computed
-    sources: list[int | Source] = field(default_factory=list)
+    sources: list[int | Source | Stored] = field(default_factory=list)
     sample_row: int | None = None
     reused: Sampled | None = None
+    keep: bool = True  # whether a run's row store may keep its computed rows (not when its digests are random)
 
     @property
     def samples(self) -> bool:
@@ -86,6 +88,7 @@ class SharedPass:
     shared: int = 0  # rows of its steps that it takes from another sequence's identical row
     skipped: int = 0  # rows of shape-only sequences: scheduled, never computed
     copies: list[tuple[int, int]] = field(default_factory=list)  # (cache row, cache row), before the pass
+    loads: list[tuple[bytes, int, int]] = field(default_factory=list)  # (digest, slot, position) from the row store
 
 
 class RowSharing:
@@ -93,12 +96,15 @@ class RowSharing:
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
+        # rows kept beyond this lockstep (run --sample auto's rounds): None unless a run opened one
+        self.store = RowStore.current()
         # every sequence that holds a digest's keys and values (it computed them, or had them copied in):
         # when the first finishes, a later one that still runs can hand them on
         self.holders: dict[bytes, list[Source]] = {}
         # (digest, LM head order, final norm order) -> the token sampled from that row's logits
-        self.sampled: dict[tuple[bytes, int, int], Sampled] = {}
-        self._plans: dict[tuple[object, ...], bytes] = {}
+        self.sampled: dict[tuple[bytes, int, int], Sampled] = {} if self.store is None else self.store.sampled
+        # plan bodies numbered for the digests: one numbering for every lockstep that shares a row store
+        self._plans: dict[tuple[object, ...], bytes] = {} if self.store is None else self.store.plans
 
     def new_pass(self) -> SharedPass:
         return SharedPass(BatchBuilder(self.cache))
@@ -121,11 +127,13 @@ class RowSharing:
             keys.append(previous)
         return keys
 
-    def _earlier(self, key: bytes) -> Source | None:
+    def _earlier(self, key: bytes) -> Source | Stored | None:
         holders = self.holders.get(key, [])
         while holders and not holders[0].valid:  # its slot went to another sequence
             holders.pop(0)
-        return holders[0] if holders else None
+        if holders:
+            return holders[0]
+        return Stored(key) if self.store is not None and self.store.has(key) else None
 
     def arrange(self, current: SharedPass, step: PlannedStep,
                 digests: list[list[bytes]] | None = None) -> tuple[int, list[SeqRows]]:
@@ -140,7 +148,7 @@ class RowSharing:
         rowwise = step.plan.experts is None or not step.plan.experts.follows_batch
         for index, (seq, n) in enumerate(step.scheduled):
             if not rowwise:
-                seqs.append(SeqRows(seq, seq.num_computed, n, [os.urandom(16) for _ in range(n)]))
+                seqs.append(SeqRows(seq, seq.num_computed, n, [os.urandom(16) for _ in range(n)], keep=False))
                 next_row += n
                 if seqs[-1].samples:
                     seqs[-1].sample_row = next_row - 1
@@ -187,6 +195,8 @@ class RowSharing:
             for i, source in enumerate(entry.sources):
                 if isinstance(source, int):
                     builder.share(source, seq, start + i)
+                elif isinstance(source, Stored):
+                    current.loads.append((source.digest, seq.slot, start + i))
                 else:
                     assert source.seq.slot is not None
                     current.copies.append((source.seq.slot * length + source.position, seq.slot * length + start + i))
@@ -208,6 +218,8 @@ class RowSharing:
             src, dst = zip(*current.copies)
             device = self.cache.device
             self.cache.copy_rows(torch.tensor(src, device=device), torch.tensor(dst, device=device))
+        if current.loads and self.store is not None:
+            self.store.load(self.cache, current.loads)
 
     def results(self, current: SharedPass, sampled: Seq[Sampled]) -> list[list[Sampled]]:
         """Each step's sampled tokens (from the pass's sampling rows, in order, or reused), and every row
@@ -232,6 +244,10 @@ class RowSharing:
 
     def _record(self, entry: SeqRows) -> None:
         seq = entry.seq
+        computed = len(entry.sources)
+        if self.store is not None and entry.keep and computed < len(entry.digests):
+            assert seq.slot is not None
+            self.store.keep(self.cache, seq.slot, entry.start + computed, entry.digests[computed:])
         for i, key in enumerate(entry.digests):
             self.holders.setdefault(key, []).append(Source(seq, entry.start + i))
         del seq.lineage[entry.start:]

@@ -43,6 +43,7 @@ from flakecheck.machine.device import peak_memory
 from flakecheck.machine.fingerprint import in_force
 from flakecheck.replay import CaseRequest, replay_runs
 from flakecheck.replay.cluster import Cluster, ClusterSettings
+from flakecheck.replay.row_share import RowStore
 from flakecheck.run.adaptive_draws import AdaptiveDraws, add_stats
 from flakecheck.run.options import RUN_OPTIONS, signature
 from flakecheck.run.pipeline import (
@@ -155,16 +156,20 @@ def _replay_rounds(prepared: PreparedRun, adaptive: AdaptiveDraws, resume: bool,
     """`--sample auto`: each round replayed (and saved) whole before the next is decided from it."""
     traces: list[Trace] = []
     seconds, stats = 0.0, {}
-    for round_index in range(adaptive.target.max_rounds):
-        work = adaptive.work(round_index)
-        if not work:
-            break
-        got, took, info = replay_runs(prepared.model, prepared.config.replay, prepared.spec, prepared.requests, work,
-                                      prepared.directory, resume, bar)
-        adaptive.saw(got)
-        traces += got
-        seconds += took
-        stats = add_stats(stats, info)
+    # a row one round computed is loaded, not computed, by a later round (flakecheck/replay/row_share.py)
+    store = RowStore.for_run()
+    with RowStore.active(store):
+        for round_index in range(adaptive.target.max_rounds):
+            work = adaptive.work(round_index)
+            if not work:
+                break
+            got, took, info = replay_runs(prepared.model, prepared.config.replay, prepared.spec, prepared.requests,
+                                          work, prepared.directory, resume, bar)
+            adaptive.saw(got)
+            traces += got
+            seconds += took
+            stats = add_stats(stats, info)
+    stats["stored_rows"], stats["loaded_rows"] = store.stats.stored, store.stats.loaded
     return traces, seconds, stats
 
 
