@@ -56,6 +56,15 @@ GENERATORS: dict[str, Callable[[random.Random, int], Material]] = {"mixed": mixe
 Counts = dict[str, tuple[int, int]]  # case -> (flips, draws)
 
 
+def ceiling(material: Material, flat_draws: int = 8) -> float:
+    """The most any procedure can agree with one flat pass on flipped-or-not, in expectation: a case flipping
+    with probability p shows a flip in that pass with q = 1 - (1 - p)^N, independently of whatever the other
+    procedure drew, so the best it can do is say the likelier outcome, right with max(q, 1 - q) — even knowing
+    p exactly."""
+    qs = [1 - (1 - p) ** flat_draws for p, _ in material]
+    return sum(max(q, 1 - q) for q in qs) / len(qs)
+
+
 def compare(auto: Counts, flat: Counts, retest: Counts) -> dict[str, float | None]:
     """Against the first flat pass: the share of cases with the same decision — flipped at least once, and
     the gate's at 10% (the exact interval's lower bound above it) — and the rank correlation of the rates;
@@ -100,7 +109,7 @@ def rule_alone(generator: str, seeds: range, n_cases: int) -> dict[str, object]:
         auto = {c: (s.flips, s.draws) for c, s in result.items()}
         # requests: flat sends every case 8 times at c1 and at c8; auto the serial reference once and its draws
         requests = (n_cases + sum(s.draws for s in result.values())) / (16 * n_cases)
-        rows.append({**compare(auto, flat, retest), "requests": requests})
+        rows.append({**compare(auto, flat, retest), "requests": requests, "agreement_ceiling": ceiling(material)})
     return {k: {"mean": statistics.mean(r[k] for r in rows), "min": min(r[k] for r in rows),
                 "max": max(r[k] for r in rows)} for k in rows[0]} | {"seeds": [seeds.start, seeds.stop - 1],
                                                                      "cases": n_cases}
@@ -131,6 +140,7 @@ def over_http(generator: str, seed: int, n_cases: int) -> dict[str, object]:
                 sent["auto_case_requests"] = len(run.runs)
                 sent["auto_fillers"] = sent[name] - len(run.runs)
     return {**compare(observed["auto"], observed["flat"], observed["retest"]), "requests": sent,
+            "agreement_ceiling": ceiling(material),
             "requests_share": sent["auto"] / sent["flat"], "cases": n_cases, "seed": seed, "generator": generator,
             "flipping_in_flat": sum(k > 0 for k, _ in observed["flat"].values())}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flakecheck.analysis.flip.adaptive import AutoDraws, CaseDraws, measure, next_round, stop_reason
+from flakecheck.analysis.flip.adaptive import AutoDraws, CaseDraws, measure, next_round, rare_below, stop_reason
 from flakecheck.analysis.flip.observed import LEVEL, exact_interval
 from flakecheck.errors import UserError
 from flakecheck.probe import ProbeConfig, probe_suite
@@ -54,15 +54,39 @@ def test_the_rules_stop_what_is_decided_and_spend_the_rest_where_intervals_are_w
     target = AutoDraws(threshold=0.1, budget_rounds=3, max_rounds=8)
     assert stop_reason(CaseDraws(1, 0, 0.0, 1), target) == "cannot flip"
     assert stop_reason(CaseDraws(1, 0, 0.2, 1), target) is None  # the noise says it could: keep drawing
+    # predicted below 8.3%: a flat --repeat 8 more likely sees no flip than one, so "not flipped" stands
+    assert stop_reason(CaseDraws(1, 0, 0.05, 1), target) == "rarely flips"
+    assert stop_reason(CaseDraws(4, 0, 0.05, 1), target) is None  # 4 draws a round: it stands in for 32
+    assert stop_reason(CaseDraws(4, 1, 0.05, 1), target) is None  # a flip seen outweighs the prediction
     assert stop_reason(CaseDraws(2, 2, 0.2, 2), target) == "above"  # [0.16, 1]
     assert stop_reason(CaseDraws(8, 0, 0.2, 8), target) == "cap"
     cases = {"stable": CaseDraws(1, 0, 0.0, 1), "open": CaseDraws(2, 1, 0.2, 2), "zero": CaseDraws(2, 0, 0.2, 2),
              "high": CaseDraws(2, 2, 0.2, 2)}
     assert next_round(cases, target, rounds_spent=7) == ["open", "zero"]  # the undecided ones
-    assert next_round(cases, target, rounds_spent=11) == ["open"]  # one left: the widest interval
+    # one left: the case with no flip yet, whose flipped-or-not decision is still open
+    assert next_round(cases, target, rounds_spent=11) == ["zero"]
+    flipped = {"narrow": CaseDraws(8, 2, 0.2, 7), "wide": CaseDraws(2, 1, 0.2, 2), "done": CaseDraws(1, 0, 0.0, 1)}
+    assert next_round(flipped, target, rounds_spent=8) == ["wide"]  # then the widest interval
     decided = {**cases, "open": CaseDraws(3, 3, 0.2, 3), "zero": CaseDraws(8, 0, 0.2, 8)}
     assert next_round(decided, target, rounds_spent=10) == ["open", "high"]  # the budget left: ranked cases
     assert next_round(decided, target, rounds_spent=12) == []
+
+
+def test_the_budget_counts_each_round_at_its_cases_cost() -> None:
+    target = AutoDraws(threshold=0.1, budget_rounds=2, max_rounds=8)
+    cases = {"long": CaseDraws(1, 0, 0.2, 1), "short": CaseDraws(1, 0, 0.2, 1)}
+    cost = {"long": 1.5, "short": 0.5}  # budget: 2 rounds of the average case each, 4 in all
+    assert next_round(cases, target, rounds_spent=2.0, cost=cost) == ["long", "short"]
+    assert next_round(cases, target, rounds_spent=2.6, cost=cost) == ["short"]  # 1.4 left: the long one waits
+    assert next_round(cases, target, rounds_spent=3.6, cost=cost) == []
+    assert next_round(cases, target, rounds_spent=2.6) == ["long"]  # unweighted: 1.4 rounds left pay one
+
+
+@pytest.mark.parametrize("flat_draws", [1, 8, 32])
+def test_a_flat_pass_sees_a_flip_half_the_time_at_the_rarely_flips_line(flat_draws: int) -> None:
+    line = rare_below(flat_draws)
+    assert (1 - line) ** flat_draws == pytest.approx(0.5)
+    assert (1 - line * 0.9) ** flat_draws > 0.5 > (1 - line * 1.1) ** flat_draws
 
 
 @pytest.mark.parametrize("text, expected", [("auto", (8, AutoDraws())), ("3", (3, None)), (" AUTO ", (8, AutoDraws()))])

@@ -37,7 +37,8 @@ def test_a_shape_only_case_keeps_its_place_its_prompt_and_the_given_length() -> 
 
 
 def test_sample_is_parsed_once_at_the_door() -> None:
-    assert parse_sample("auto")[0] == 8 * DRAWS_PER_ROUND and parse_sample("auto")[1] is not None
+    most, target = parse_sample("auto")
+    assert target is not None and most == target.max_rounds * DRAWS_PER_ROUND == 32  # a flat --sample 32's
     assert parse_sample("12") == (12, None) and parse_sample(3) == (3, None)
     with pytest.raises(UserError, match="--sample"):
         parse_sample("lots")
@@ -58,7 +59,7 @@ def test_sample_auto_measures_the_undecided_cases_in_the_batches_the_full_draw_m
     adaptive = auto.meta["adaptive"]
     ran = adaptive["draws_run"]
     assert auto.meta["flip"]["draws"] == ran and len(ran) % DRAWS_PER_ROUND == 0 and len(ran) > DRAWS_PER_ROUND
-    assert adaptive["case_rounds"] <= 2 * len(auto.cases)
+    assert adaptive["budget_spent"] <= adaptive["target"]["budget_rounds"]  # each round at its case's cost
     runs = auto.runs
     for row in auto.cases.itertuples():
         drawn = runs[(runs.case_id == row.case_id) & runs.composition.isin(ran)]

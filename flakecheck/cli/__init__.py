@@ -70,8 +70,8 @@ def probe_cli(
     prefix: bool = typer.Option(False, "--prefix", help="also a 'prefix' level: each case right after a warm-up "
                                 "with the same prompt, prefix caching allowed"),
     repeat: str = typer.Option("1", help="probe the levels N times with other order seeds; auto: a case gets "
-                               "rounds only while its flip probability is undecided against 10% (at most 8, 4 a case "
-                               "on average; see docs/flip-probability.md)"),
+                               "rounds only while it is undecided (no flip yet, or its interval holds 10%; at most 8, "
+                               "4 a case on average; see docs/flip-probability.md)"),
     max_tokens: int = typer.Option(64, help="default max new tokens per case"),
     limit: int | None = typer.Option(None, help="only the first N cases"),
     ids: str | None = typer.Option(None, help="only these case ids, comma-separated"),

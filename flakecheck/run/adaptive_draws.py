@@ -31,6 +31,7 @@ class AdaptiveDraws:
     reference: str
     case_ids: list[str]
     dtype: str | None
+    prompt_lengths: dict[str, int] = field(default_factory=dict)  # a case's prompt tokens: its rows' cost
     refs: dict[str, Trace] = field(default_factory=dict)
     drawn: dict[str, list[Trace]] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
@@ -42,7 +43,7 @@ class AdaptiveDraws:
         batch = list(self.draws[round_index * self.per_round:(round_index + 1) * self.per_round])
         if not batch:
             return []
-        chosen = self.case_ids if round_index == 0 else next_round(self.states(), self.target, self.case_rounds)
+        chosen = self.case_ids if round_index == 0 else self._chosen()
         if not chosen:
             return []
         measured = set(chosen)
@@ -53,6 +54,23 @@ class AdaptiveDraws:
         self.ran += [d.name for d in batch]
         draws = [(replace(d, shape_only=shape) if shape else d, 0) for d in batch]
         return [*self.named, *draws] if round_index == 0 else draws
+
+    def _chosen(self) -> list[str]:
+        cost = self.costs()
+        return next_round(self.states(), self.target, sum(self.rounds.get(c, 0) * cost[c] for c in cost), cost)
+
+    def costs(self) -> dict[str, float]:
+        """What a round of each case costs against the suite's average case. A round of a case computes about
+        its prompt's and its answer's rows, so the budget is counted in those: spending it on the long cases
+        does not stretch the run."""
+        tokens = {c: self.prompt_lengths.get(c, 0) + max(1, len(self.refs[c].token_ids)) for c in self.case_ids}
+        mean = sum(tokens.values()) / len(tokens)
+        return {c: n / mean for c, n in tokens.items()}
+
+    def budget_spent(self) -> float:
+        """The rounds spent a case on average, each at its case's cost (at most the target's `budget_rounds`)."""
+        cost = self.costs() if self.refs else {c: 1.0 for c in self.case_ids}
+        return sum(self.rounds.get(c, 0) * cost[c] for c in cost) / len(cost)
 
     def saw(self, traces: Sequence[Trace]) -> None:
         names = {d.name for d in self.draws}
@@ -70,6 +88,7 @@ class AdaptiveDraws:
         """meta.json's `adaptive` block (as a probe's): the target, the case-rounds spent against a flat
         `--sample 32`'s, per case its rounds, draws and why it stopped."""
         return {"target": self.target.to_dict(), "draws_per_round": self.per_round, "case_rounds": self.case_rounds,
+                "budget_spent": round(self.budget_spent(), 4),
                 "flat_case_rounds": self.target.max_rounds * len(self.case_ids), "draws_run": list(self.ran),
                 "cases": {c: {"rounds": s.rounds, "draws": s.draws, "stopped": stop_reason(s, self.target) or "budget"}
                           for c, s in self.states().items()}}

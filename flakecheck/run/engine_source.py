@@ -148,7 +148,8 @@ def _adaptive(prepared: PreparedRun) -> AdaptiveDraws | None:
         return None
     return AdaptiveDraws(config.auto, [(c, r) for r in range(config.repeat) for c in config.named],
                          config.sampling.draws, DRAWS_PER_ROUND, config.reference,
-                         [r.case_id for r in prepared.requests], str(prepared.model.dtype).removeprefix("torch."))
+                         [r.case_id for r in prepared.requests], str(prepared.model.dtype).removeprefix("torch."),
+                         {r.case_id: len(r.prompt_ids) for r in prepared.requests})
 
 
 def _replay_rounds(prepared: PreparedRun, adaptive: AdaptiveDraws, resume: bool, bar: ReplayProgress

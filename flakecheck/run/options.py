@@ -152,7 +152,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               switch=True),
     RunOption("sample", 0, "also replay N compositions drawn from --load: each case's observed flip probability "
               "with a 95% interval, and the score's spread under that load; auto: draws in rounds of 4, a case only "
-              "while it is undecided against 10% (32 at most, 8 a case on average)", "own", cli=str, cli_default="0",
+              "while it is undecided (no flip yet, or its interval holds 10%; 32 at most, 8 a case on average)",
+              "own", cli=str, cli_default="0",
               recorded=lambda config: "auto" if config.auto is not None else _sampling(lambda s: s.n, 0)(config),
               commands=RUN_AND_DIFF),
     RunOption("load", DEFAULT_LOAD, "--sample: the batch sizes a request meets: poisson:MEAN (MEAN others beside "

@@ -6,14 +6,22 @@ each round a case stops when
 
 - it **cannot flip**: none of its draws flipped and the noise prediction gives it 0 (no gap of its reference
   within the largest shift the draws, or the server's measured noise, produced);
+- it **rarely flips**: none of its draws flipped and the prediction puts a draw's flip probability below
+  1 − 0.5^(1/N), N the draws of the flat pass it stands in for (`max_rounds` rounds): the flip probability at
+  which that flat pass would see no flip as often as one, so the flipped-or-not decision it would most likely
+  reach is already "not flipped" (32 draws: below 2.1%; 8: below 8.3%). Its interval stays the exact one of its
+  own draws, wide;
 - its exact 95% interval is **decided** against the threshold the reports and the gate judge by (`threshold`:
   the lower bound above it, or the upper bound at or below it);
 - it has had `max_rounds` rounds (the flat `--repeat` it stands in for).
 
-While cases are undecided, each round draws for all of them, widest interval first when the budget cannot
-pay for every one. Once none is, what is left of the budget goes, one round at a time, to the cases whose
+While cases are undecided, each round draws for all of them; when the budget cannot pay for every one, the
+cases with no flip yet go first (their flipped-or-not decision is still open), then the widest intervals.
+Once none is, what is left of the budget goes, one round at a time, to the cases whose
 intervals are widest among those that can still flip and have rounds left (a decided case's rate is still
-ranked). The budget is `budget_rounds` rounds a case on average, counted over the whole suite.
+ranked). The budget is `budget_rounds` rounds a case on average, counted over the whole suite; where a
+round of one case costs more than of another (the simulation's rows follow a case's tokens), each round is
+counted at its cost.
 
 The interval stays the exact one of observed.py: stopping on it does not change how it is computed, and a test
 measures its coverage under this stopping rule against known flip probabilities.
@@ -56,14 +64,23 @@ class CaseDraws:
         return high - low
 
 
+def rare_below(flat_draws: int) -> float:
+    """The flip probability below which a flat pass of `flat_draws` draws more likely sees no flip than one."""
+    return 1.0 - 0.5 ** (1.0 / flat_draws)
+
+
 def stop_reason(case: CaseDraws, target: AutoDraws) -> str | None:
-    """Why a case needs no more draws to be decided ('cannot flip', 'above', 'below', 'cap'), or None."""
+    """Why a case needs no more draws to be decided ('cannot flip', 'rarely flips', 'above', 'below', 'cap'),
+    or None."""
     if case.rounds >= target.max_rounds:
         return "cap"
     if case.draws and case.flips == 0 and case.predicted == 0.0:
         return "cannot flip"
     if not case.draws:
         return None
+    per_round = max(1, case.draws // max(1, case.rounds))
+    if case.flips == 0 and case.predicted is not None and case.predicted < rare_below(target.max_rounds * per_round):
+        return "rarely flips"
     low, high = exact_interval(case.flips, case.draws)
     if low > target.threshold:
         return "above"
@@ -72,22 +89,30 @@ def stop_reason(case: CaseDraws, target: AutoDraws) -> str | None:
     return None
 
 
-def next_round(cases: Mapping[str, CaseDraws], target: AutoDraws, rounds_spent: int) -> list[str]:
+def next_round(cases: Mapping[str, CaseDraws], target: AutoDraws, rounds_spent: float,
+               cost: Mapping[str, float] | None = None) -> list[str]:
     """The cases that get a draw in the next round (in the suite's order); empty: the measuring is over.
-    `rounds_spent`: case-rounds drawn so far, over every case."""
-    left = int(target.budget_rounds * len(cases)) - rounds_spent
-    if left <= 0:
-        return []
+    `rounds_spent`: case-rounds drawn so far, over every case, each weighted by its `cost` (what a round of
+    that case costs against the suite's average case, 1 where not given): the budget is then `budget_rounds`
+    average rounds a case, whichever cases spend it."""
+    weight = (lambda c: cost[c]) if cost is not None else (lambda c: 1.0)
+    left = target.budget_rounds * sum(weight(c) for c in cases) - rounds_spent
     order = list(cases)
     undecided = [c for c in order if stop_reason(cases[c], target) is None]
     pool = undecided or [c for c in order if stop_reason(cases[c], target) in ("above", "below")]
-    chosen = set(_widest(pool, cases)[:left])
+    chosen = set()
+    for case in _widest(pool, cases):  # the priority order; a case the budget left cannot pay is passed over
+        if weight(case) <= left + 1e-9:
+            chosen.add(case)
+            left -= weight(case)
     return [c for c in order if c in chosen]
 
 
 def _widest(pool: Sequence[str], cases: Mapping[str, CaseDraws]) -> list[str]:
-    # fewer draws first among equal widths; the suite's order breaks the rest (deterministic, resumable)
-    return sorted(pool, key=lambda c: (-round(cases[c].width, 12), cases[c].draws))
+    # a case with no flip yet first: its flipped-or-not decision (stable or flaky in every report) is still
+    # open, where one flip settled it for the others; then the widest interval, fewer draws among equal
+    # widths; the suite's order breaks the rest (deterministic, resumable)
+    return sorted(pool, key=lambda c: (cases[c].flips > 0, -round(cases[c].width, 12), cases[c].draws))
 
 
 def case_states(refs: Mapping[str, Trace], drawn: Mapping[str, Sequence[Trace]], rounds: Mapping[str, int],
