@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -55,9 +56,11 @@ def test_the_rules_stop_what_is_decided_and_spend_the_rest_where_intervals_are_w
     assert stop_reason(CaseDraws(1, 0, 0.0, 1), target) == "cannot flip"
     assert stop_reason(CaseDraws(1, 0, 0.2, 1), target) is None  # the noise says it could: keep drawing
     # predicted below 8.3%: a flat --repeat 8 more likely sees no flip than one, so "not flipped" stands
-    assert stop_reason(CaseDraws(1, 0, 0.05, 1), target) == "rarely flips"
-    assert stop_reason(CaseDraws(4, 0, 0.05, 1), target) is None  # 4 draws a round: it stands in for 32
-    assert stop_reason(CaseDraws(4, 1, 0.05, 1), target) is None  # a flip seen outweighs the prediction
+    simulated = replace(target, rarely_flips=True)
+    assert stop_reason(CaseDraws(1, 0, 0.05, 1), simulated) == "rarely flips"
+    assert stop_reason(CaseDraws(4, 0, 0.05, 1), simulated) is None  # 4 draws a round: it stands in for 32
+    assert stop_reason(CaseDraws(4, 1, 0.05, 1), simulated) is None  # a flip seen outweighs the prediction
+    assert stop_reason(CaseDraws(1, 0, 0.05, 1), target) is None  # a server's prediction does not rank flips
     assert stop_reason(CaseDraws(2, 2, 0.2, 2), target) == "above"  # [0.16, 1]
     assert stop_reason(CaseDraws(8, 0, 0.2, 8), target) == "cap"
     cases = {"stable": CaseDraws(1, 0, 0.0, 1), "open": CaseDraws(2, 1, 0.2, 2), "zero": CaseDraws(2, 0, 0.2, 2),

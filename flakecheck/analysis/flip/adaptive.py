@@ -6,7 +6,8 @@ each round a case stops when
 
 - it **cannot flip**: none of its draws flipped and the noise prediction gives it 0 (no gap of its reference
   within the largest shift the draws, or the server's measured noise, produced);
-- it **rarely flips**: none of its draws flipped and the prediction puts a draw's flip probability below
+- it **rarely flips** (where `rarely_flips` is set: the simulation, whose prediction comes from the very
+  draws it predicts): none of its draws flipped and the prediction puts a draw's flip probability below
   1 − 0.5^(1/N), N the draws of the flat pass it stands in for (`max_rounds` rounds): the flip probability at
   which that flat pass would see no flip as often as one, so the flipped-or-not decision it would most likely
   reach is already "not flipped" (32 draws: below 2.1%; 8: below 8.3%). Its interval stays the exact one of its
@@ -44,9 +45,13 @@ class AutoDraws:
     threshold: float = 0.1  # the flip probability a case is decided against
     budget_rounds: float = 4.0  # rounds a case on average, over the suite
     max_rounds: int = 8  # rounds one case may get
+    # stop "rarely flips" cases: only where the prediction is measured from the very draws it predicts (the
+    # simulation); a server's flips follow its own batches, which a prediction can tell apart but not rank
+    rarely_flips: bool = False
 
-    def to_dict(self) -> dict[str, float | int]:
-        return {"threshold": self.threshold, "budget_rounds": self.budget_rounds, "max_rounds": self.max_rounds}
+    def to_dict(self) -> dict[str, float | int | bool]:
+        return {"threshold": self.threshold, "budget_rounds": self.budget_rounds, "max_rounds": self.max_rounds,
+                "rarely_flips": self.rarely_flips}
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,8 @@ def stop_reason(case: CaseDraws, target: AutoDraws) -> str | None:
     if not case.draws:
         return None
     per_round = max(1, case.draws // max(1, case.rounds))
-    if case.flips == 0 and case.predicted is not None and case.predicted < rare_below(target.max_rounds * per_round):
+    if (target.rarely_flips and case.flips == 0 and case.predicted is not None
+            and case.predicted < rare_below(target.max_rounds * per_round)):
         return "rarely flips"
     low, high = exact_interval(case.flips, case.draws)
     if low > target.threshold:
