@@ -60,9 +60,8 @@ class AdaptiveDraws:
         return next_round(self.states(), self.target, sum(self.rounds.get(c, 0) * cost[c] for c in cost), cost)
 
     def costs(self) -> dict[str, float]:
-        """What a round of each case costs against the suite's average case. A round of a case computes about
-        its prompt's and its answer's rows, so the budget is counted in those: spending it on the long cases
-        does not stretch the run."""
+        """What a round of each case costs against the suite's average case: a round of a case computes about
+        its prompt's and its answer's rows, so the budget counts those, not the cases."""
         tokens = {c: self.prompt_lengths.get(c, 0) + max(1, len(self.refs[c].token_ids)) for c in self.case_ids}
         mean = sum(tokens.values()) / len(tokens)
         return {c: n / mean for c, n in tokens.items()}
