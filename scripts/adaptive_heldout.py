@@ -65,17 +65,10 @@ def ceiling(material: Material, flat_draws: int = 8) -> float:
     return sum(max(q, 1 - q) for q in qs) / len(qs)
 
 
-def compare(auto: Counts, flat: Counts, retest: Counts) -> dict[str, float | None]:
-    """Against the first flat pass: the share of cases with the same decision — flipped at least once, and
-    the gate's at 10% (the exact interval's lower bound above it) — and the rank correlation of the rates;
-    the same for a second flat pass (the retest), which is what a flat pass agrees with itself."""
-    ids = list(flat)
-
-    def rate(counts: Counts) -> list[float]:
-        return [counts[c][0] / counts[c][1] for c in ids]
-
-    def agree(a: Counts, b: Counts, decide: Callable[[int, int], bool]) -> float:
-        return sum(decide(*a[c]) == decide(*b[c]) for c in ids) / len(ids)
+def agreement(a: Counts, b: Counts) -> dict[str, float]:
+    """Over b's cases: the share with the same decision — flipped at least once, and the gate's at 10% (the
+    exact interval's lower bound above it) — and the rank correlation of the rates."""
+    ids = list(b)
 
     def flipped(k: int, n: int) -> bool:
         return k > 0
@@ -83,9 +76,17 @@ def compare(auto: Counts, flat: Counts, retest: Counts) -> dict[str, float | Non
     def gated(k: int, n: int) -> bool:
         return exact_interval(k, n)[0] > 0.1
 
-    return {"agreement": agree(auto, flat, flipped), "agreement_retest": agree(retest, flat, flipped),
-            "gate_agreement": agree(auto, flat, gated), "gate_agreement_retest": agree(retest, flat, gated),
-            "spearman": spearman(rate(auto), rate(flat)), "spearman_retest": spearman(rate(retest), rate(flat))}
+    def agree(decide: Callable[[int, int], bool]) -> float:
+        return sum(decide(*a[c]) == decide(*b[c]) for c in ids) / len(ids)
+
+    return {"agreement": agree(flipped), "gate_agreement": agree(gated),
+            "spearman": spearman([a[c][0] / a[c][1] for c in ids], [b[c][0] / b[c][1] for c in ids])}
+
+
+def compare(auto: Counts, flat: Counts, retest: Counts) -> dict[str, float | None]:
+    """Against the first flat pass: `agreement` of auto; the same for a second flat pass (the retest), which is
+    what a flat pass agrees with itself."""
+    return {**agreement(auto, flat), **{f"{k}_retest": v for k, v in agreement(retest, flat).items()}}
 
 
 def rule_alone(generator: str, seeds: range, n_cases: int) -> dict[str, object]:

@@ -16,23 +16,21 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
-
-from flakecheck.analysis.flip.calibration import spearman
-
-
-def observed(run: Path) -> dict[str, tuple[float, float, int]]:
-    table = pq.read_table(run / "cases.parquet", columns=["case_id", "p_flip", "p_flip_low", "n_draws"]).to_pylist()
-    return {r["case_id"]: (r["p_flip"], r["p_flip_low"], r["n_draws"]) for r in table if r["p_flip"] is not None}
+from adaptive_heldout import Counts, agreement  # this directory: the held-out comparison's own decisions
 
 
-def compare(a: dict[str, tuple[float, float, int]], b: dict[str, tuple[float, float, int]]) -> dict[str, float]:
-    ids = [c for c in b if c in a]
-    return {"cases": len(ids),
-            "flipped_or_not_agreement": round(sum((a[c][0] > 0) == (b[c][0] > 0) for c in ids) / len(ids), 4),
-            "gate10_agreement": round(sum((a[c][1] > 0.1) == (b[c][1] > 0.1) for c in ids) / len(ids), 4),
-            "spearman": round(spearman([a[c][0] for c in ids], [b[c][0] for c in ids]), 4),
-            "draws_mean": round(sum(a[c][2] for c in ids) / len(ids), 2),
-            "flipped": sum(a[c][0] > 0 for c in ids), "flipped_in_flat": sum(b[c][0] > 0 for c in ids)}
+def observed(run: Path) -> Counts:
+    """Each case's (flips, draws) from a run directory's cases.parquet (the cases with draws)."""
+    rows = pq.read_table(run / "cases.parquet", columns=["case_id", "p_flip", "n_draws"]).to_pylist()
+    return {r["case_id"]: (round(r["p_flip"] * r["n_draws"]), int(r["n_draws"]))
+            for r in rows if r["p_flip"] is not None}
+
+
+def compare(a: Counts, b: Counts) -> dict[str, float]:
+    common = {c: b[c] for c in b if c in a}
+    return {"cases": len(common), **{k: round(v, 4) for k, v in agreement(a, common).items()},
+            "draws_mean": round(sum(a[c][1] for c in common) / len(common), 2),
+            "flipped": sum(a[c][0] > 0 for c in common), "flipped_in_flat": sum(k > 0 for k, _ in common.values())}
 
 
 def main() -> None:

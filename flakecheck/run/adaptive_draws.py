@@ -56,8 +56,8 @@ class AdaptiveDraws:
         return [*self.named, *draws] if round_index == 0 else draws
 
     def _chosen(self) -> list[str]:
-        cost = self.costs()
-        return next_round(self.states(), self.target, sum(self.rounds.get(c, 0) * cost[c] for c in cost), cost)
+        spent = self.budget_spent() * len(self.case_ids)
+        return next_round(self.states(), self.target, spent, self.costs())
 
     def costs(self) -> dict[str, float]:
         """What a round of each case costs against the suite's average case: a round of a case computes about

@@ -83,10 +83,10 @@ def stop_reason(case: CaseDraws, target: AutoDraws) -> str | None:
         return "cannot flip"
     if not case.draws:
         return None
-    per_round = max(1, case.draws // max(1, case.rounds))
-    if (target.rarely_flips and case.flips == 0 and case.predicted is not None
-            and case.predicted < rare_below(target.max_rounds * per_round)):
-        return "rarely flips"
+    if target.rarely_flips and case.flips == 0 and case.predicted is not None:
+        per_round = max(1, case.draws // max(1, case.rounds))
+        if case.predicted < rare_below(target.max_rounds * per_round):
+            return "rarely flips"
     low, high = exact_interval(case.flips, case.draws)
     if low > target.threshold:
         return "above"
