@@ -83,13 +83,6 @@ def test_cached_blocks_hand_on_a_lineage_only_when_they_are_one_computation() ->
     assert admitted_lineage([CachedBlock(kv, None, LINEAGE_ROOT)], prompt) is None
 
 
-def test_a_shape_only_request_is_refused_where_a_prefix_cache_would_publish_it() -> None:
-    core = EngineCore(KVCache(1, 2, 1, 4, torch.float32), frozenset(), 64, 1, None, PrefixCache())
-    with pytest.raises(ValueError, match="shape-only"):
-        core.add_request(Request(("filler", 0), [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True),
-                                 shape_only=True))
-
-
 @pytest.fixture(scope="module")
 def wide(tiny_wide_model_dir: Path) -> LoadedModel:
     return load_model(str(tiny_wide_model_dir), "bfloat16")
@@ -186,6 +179,33 @@ def test_a_shape_only_request_shapes_its_steps_without_being_computed(wide) -> N
         assert same(by_id[completion.request_id], completion)
     assert len(by_id[("filler", 0)].token_ids) == 7  # it ran its whole length, uncomputed
     assert lockstep.stats.skipped_rows == len(filler.prompt_ids) + 7 - 1
+
+
+def test_under_a_prefix_cache_a_shape_only_request_computes_its_prompt_and_nothing_after(wide) -> None:
+    """A filler that arrives first publishes the shared system prompt's blocks, which the cases then load: its
+    prompt is computed (the cases get the bits they get with the filler computed in full, hits included), its
+    generated rows only shape their steps."""
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    ps = prompts(3)
+    filler = Request(("filler", 0), ps[2], SamplingParams(max_tokens=7, ignore_eos=True))
+    cases = [Request(str(i), p, params, arrival=2) for i, p in enumerate(ps[:2])]
+    want = alone(wide, [filler, *cases], 4, prefix=True)
+    assert [c.cached_prompt_tokens for c in want[1:]] == [16, 16]  # the cases load the filler's block
+    config = wide.config
+    cache = KVCache(config.num_layers, 8, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
+    lockstep = Lockstep(build_model(wide, engine_ops("splitk", wide.config)), cache)
+    core = EngineCore(cache, wide.eos_token_ids, config.max_context, 4, None, PrefixCache())
+    for request in [replace(filler, shape_only=True), *cases]:
+        core.add_request(request)
+    got: list[Completion] = []
+    lockstep.add(Member(core, got.append))
+    lockstep.run()
+    by_id = {c.request_id: c for c in got}
+    for completion in want[1:]:
+        assert same(by_id[completion.request_id], completion)
+        assert by_id[completion.request_id].cached_prompt_tokens == 16
+    assert len(by_id[("filler", 0)].token_ids) == 7  # it ran its whole length
+    assert lockstep.stats.skipped_rows == 7 - 1  # its generated rows (the last sampled token has none)
 
 
 def test_rows_are_handed_on_by_any_sequence_that_still_holds_them(wide) -> None:

@@ -25,8 +25,8 @@ class Request:
     params: SamplingParams = SamplingParams()
     arrival: int = 0  # engine step at which the request may first be scheduled
     cache_salt: str | None = None  # requests with different salts never share prefix-cache blocks
-    # nothing reads its values (a filler whose length is fixed, with no prefix cache to pass its KV on):
-    # simulated replay schedules it, which shapes its steps, but never computes it
+    # nothing reads what it generates (a filler whose length is fixed): simulated replay schedules its rows,
+    # which shapes its steps, but computes only its prompt's, and those only where a prefix cache passes them on
     shape_only: bool = False
 
 
@@ -73,11 +73,10 @@ class EngineCore:
         return not self.scheduler.waiting and all(s.num_computed >= s.num_prompt for s in self.scheduler.running)
 
     def add_request(self, request: Request, context_name: str = "context") -> None:
-        if request.shape_only and self.prefix_cache is not None:
-            raise ValueError(f"request {request.request_id!r}: a shape-only request would publish keys and values "
-                             "nobody computed to the prefix cache")
         seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival,
-                       request.cache_salt, shape_only=request.shape_only)
+                       request.cache_salt)
+        if request.shape_only:  # a prefix cache publishes the prompt's keys and values: those are computed
+            seq.shaped_from = seq.num_prompt if self.prefix_cache is not None else 0
         if seq.max_length > self.max_context:
             raise ValueError(
                 f"request {request.request_id!r}: {seq.num_prompt} prompt + {request.params.max_tokens} new "

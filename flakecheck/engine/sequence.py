@@ -47,7 +47,9 @@ class Sequence:
     params: SamplingParams
     arrival: int = 0
     cache_salt: str | None = None  # prefix-cache blocks are shared only between requests with the same salt
-    shape_only: bool = False  # simulated replay schedules it but never computes it (see Request)
+    # simulated replay schedules its positions from here on but never computes them (Request.shape_only);
+    # None: every position is computed
+    shaped_from: int | None = None
     token_ids: list[int] = field(init=False)
     num_computed: int = 0  # tokens whose keys and values are in the cache
     cached_prompt_tokens: int = 0
@@ -81,6 +83,11 @@ class Sequence:
     def num_pending(self) -> int:
         """Tokens not yet in the cache: the rest of the prompt, or the one token sampled last step."""
         return len(self.token_ids) - self.num_computed
+
+    @property
+    def shapes_only(self) -> bool:
+        """Whether its next rows only shape their step (scheduled, never computed)."""
+        return self.shaped_from is not None and self.num_computed >= self.shaped_from
 
     @property
     def max_length(self) -> int:

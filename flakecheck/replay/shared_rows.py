@@ -13,8 +13,9 @@ its cache slot (the one that computed it, or one that was handed it). The LM hea
 do not enter a row's digest (they shape only what a sampling row samples): a sampling row reuses a token
 sampled from the same row under the same two orders, or samples again from the row this pass computes.
 
-A shape-only sequence (a filler: fixed length, no prefix cache to hand its keys and values on) is scheduled
-— its rows count in its steps' shapes, hence in their plans — but never computed: no other row reads it.
+A shape-only sequence (a filler: fixed length, nothing reads what it generates) is scheduled — its rows
+count in its steps' shapes, hence in their plans — but not computed: no other row reads them. Under a prefix
+cache its prompt's rows are the exception: they are published to the cache, so they are computed.
 
 Only the leading rows of a sequence's step are shared (a sequence's computed rows stay one run of
 positions, as the attention layout wants), and only under kernels whose rows are batch-invariant
@@ -153,7 +154,7 @@ class RowSharing:
                 if seqs[-1].samples:
                     seqs[-1].sample_row = next_row - 1
                 continue
-            if seq.shape_only:
+            if seq.shapes_only:
                 entry = SeqRows(seq, seq.num_computed, n, [])
                 entry.reused = UNREAD if entry.samples else None
                 seqs.append(entry)
@@ -189,7 +190,7 @@ class RowSharing:
         for entry in seqs:
             seq, start = entry.seq, entry.start
             assert seq.slot is not None
-            if seq.shape_only and not entry.digests:
+            if seq.shapes_only and not entry.digests:
                 current.skipped += entry.n
                 continue
             for i, source in enumerate(entry.sources):

@@ -208,9 +208,8 @@ class _Builder:
         core = self.core(composition.max_batch, knobs(composition).max_num_batched_tokens, prefix)
         for request in requests:
             # a filler's length is fixed (it ignores EOS) and its values reach a case only through a prefix
-            # cache: without one it shapes the steps and needs no computing
-            filler = is_filler(request.request_id) and request.params.ignore_eos
-            core.add_request(replace(request, shape_only=filler and prefix is None))
+            # cache's prompt blocks: beyond those it shapes the steps and needs no computing
+            core.add_request(replace(request, shape_only=is_filler(request.request_id) and request.params.ignore_eos))
         self.lockstep.add(Member(core, self.listener(runs), policy=job.policy, tp=knobs(composition).tensor_parallel,
                                  done=self.wanted(core, runs, runs[0].case_ids)))
 
@@ -230,7 +229,8 @@ class _Builder:
                 continue  # a filler that shares no prompt block with any case cannot touch one
             core = self.core(1, knobs(job.composition).max_num_batched_tokens, prefix)
             core.add_request(Request(request.request_id, request.prompt_ids, request.params,
-                                     cache_salt=request.cache_salt))
+                                     cache_salt=request.cache_salt,
+                                     shape_only=is_filler(request.request_id) and request.params.ignore_eos))
             waits = list(earlier.get(key, [])) if key is not None else []
             reported = [str(request.request_id)] if str(request.request_id) in run.case_ids else []
             self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits),
