@@ -229,3 +229,27 @@ def test_rows_are_handed_on_by_any_sequence_that_still_holds_them(wide) -> None:
     # computed: the prompt once and the second's decode rows; the third's rows were all the second's
     assert lockstep.stats.rows == len(ps[0]) + longer.max_tokens - 1
     assert lockstep.stats.shared_rows == len(ps[0]) + (len(ps[0]) + third.max_tokens - 1)
+
+
+def test_a_step_that_computes_nothing_does_not_wait_for_a_forward_pass(wide) -> None:
+    """Core A runs a shape-only filler alone for 3 steps before its case arrives; core B's case starts at once.
+    A's filler-only steps need no pass, so both cases' steps share passes: as many as the longer case has
+    steps (4), not the 7 ticks their spread covers — and every case keeps the bits its core gives alone."""
+    ps = prompts(3)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    filler = Request(("filler", 0), ps[2][::-1], SamplingParams(max_tokens=6, ignore_eos=True))
+    case_a, case_b = Request("a", ps[0], params, arrival=3), Request("b", ps[1], params)
+    config = wide.config
+    cache = KVCache(config.num_layers, 8, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
+    lockstep = Lockstep(build_model(wide, engine_ops("splitk", wide.config)), cache)
+    got: list[Completion] = []
+    for requests in ([replace(filler, shape_only=True), case_a], [case_b]):
+        core = EngineCore(cache, wide.eos_token_ids, config.max_context, 4)
+        for request in requests:
+            core.add_request(request)
+        lockstep.add(Member(core, got.append))
+    lockstep.run()
+    by_id = {c.request_id: c for c in got}
+    assert same(by_id["a"], alone(wide, [filler, case_a], 4)[1])
+    assert same(by_id["b"], alone(wide, [case_b], 4)[0])
+    assert lockstep.stats.forward_passes == params.max_tokens

@@ -78,21 +78,21 @@ class Lockstep:
         """Tick until every member has finished."""
         while self.pending or self.active:
             self._admit()
-            proposals: list[tuple[Member, Scheduled]] = []
-            for member in list(self.active):
-                if member.done():
-                    self._stop(member)
-                scheduled = member.core.propose()
-                if scheduled:
-                    proposals.append((member, scheduled))
-                else:  # nothing left to run: the core is done
-                    self.active.remove(member)
-                    self.free_slots += member.slots
-            if not proposals:
+            if not self.active:
                 if self.pending and not any(m.ready() for m in self.pending):
                     raise RuntimeError("lockstep: every waiting core waits on another; nothing can run")
                 continue
-            self._tick(proposals)
+            self._tick(list(self.active))
+
+    def _propose(self, member: Member) -> Scheduled:
+        """The member's next step; empty when it has finished (it leaves the lockstep)."""
+        if member.done():
+            self._stop(member)
+        scheduled = member.core.propose()
+        if not scheduled:
+            self.active.remove(member)
+            self.free_slots += member.slots
+        return scheduled
 
     @staticmethod
     def _stop(member: Member) -> None:
@@ -110,21 +110,32 @@ class Lockstep:
                 self.free_slots -= member.slots
         self.stats.peak_slots = max(self.stats.peak_slots, self.cache.shape[0] - self.free_slots)
 
-    def _tick(self, proposals: list[tuple[Member, Scheduled]]) -> None:
-        """Every proposed step, packed in order into forward passes of at most max_rows computed rows (a
-        larger step runs alone); rows another sequence computes are not computed again."""
+    def _tick(self, active: list[Member]) -> None:
+        """Each member's next step that computes a row, packed in order into forward passes of at most
+        max_rows computed rows (a larger step runs alone); rows another sequence computes are not computed
+        again. A step before it that computes nothing (shape-only rows, rows copied or loaded from earlier
+        computations) runs at once, with no forward pass: a core's steps depend on its own schedule alone, so
+        they need not wait for another core's, and the passes gather more rows each."""
         self.stats.ticks += 1
         current = self.sharing.new_pass()
         members: list[Member] = []
-        for member, scheduled in proposals:
-            step = self.runner.plan(scheduled, member.policy, member.tp)
-            rows, seqs = self.sharing.arrange(current, step)
-            if current.steps and current.builder.num_rows + rows > self.max_rows:
-                self._run(current, members)
-                current, members = self.sharing.new_pass(), []
-                rows, seqs = self.sharing.arrange(current, step, [entry.digests for entry in seqs])
-            self.sharing.add(current, step, seqs)
-            members.append(member)
+        for member in active:
+            while scheduled := self._propose(member):
+                step = self.runner.plan(scheduled, member.policy, member.tp)
+                rows, seqs = self.sharing.arrange(current, step)
+                if rows == 0 and not any(e.sample_row is not None or any(isinstance(s, int) for s in e.sources)
+                                         for e in seqs):  # nothing of this pass is read: it runs now
+                    alone = self.sharing.new_pass()
+                    self.sharing.add(alone, step, seqs)
+                    self._run(alone, [member])
+                    continue
+                if current.steps and current.builder.num_rows + rows > self.max_rows:
+                    self._run(current, members)
+                    current, members = self.sharing.new_pass(), []
+                    rows, seqs = self.sharing.arrange(current, step, [entry.digests for entry in seqs])
+                self.sharing.add(current, step, seqs)
+                members.append(member)
+                break
         self._run(current, members)
 
     def _run(self, current: SharedPass, members: list[Member]) -> None:
