@@ -60,6 +60,10 @@ def test_sample_auto_measures_the_undecided_cases_in_the_batches_the_full_draw_m
     ran = adaptive["draws_run"]
     assert auto.meta["flip"]["draws"] == ran and len(ran) % DRAWS_PER_ROUND == 0 and len(ran) > DRAWS_PER_ROUND
     assert adaptive["budget_spent"] <= adaptive["target"]["budget_rounds"]  # each round at its case's cost
+    rounds = adaptive["rounds"]  # what each round measured and cost, adding up to the run's
+    assert [r["draws"] for r in rounds] == [ran[i:i + DRAWS_PER_ROUND] for i in range(0, len(ran), DRAWS_PER_ROUND)]
+    assert rounds[0]["cases"] == 8 and sum(r["cases"] for r in rounds) == adaptive["case_rounds"]
+    assert sum(r["rows"] for r in rounds) == auto.meta["replay_stats"]["rows"]
     runs = auto.runs
     for row in auto.cases.itertuples():
         drawn = runs[(runs.case_id == row.case_id) & runs.composition.isin(ran)]

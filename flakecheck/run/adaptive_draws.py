@@ -37,6 +37,7 @@ class AdaptiveDraws:
     rounds: dict[str, int] = field(default_factory=dict)
     case_rounds: int = 0
     ran: list[str] = field(default_factory=list)
+    round_costs: list[dict[str, Any]] = field(default_factory=list)  # per round: its draws, cases, rows, passes, time
 
     def work(self, round_index: int) -> list[tuple[Composition, int]]:
         """The next round's (composition, repeat)s; empty: the measuring is over."""
@@ -52,6 +53,7 @@ class AdaptiveDraws:
             self.rounds[case] = self.rounds.get(case, 0) + 1
         shape = tuple((c, max(1, len(self.refs[c].token_ids))) for c in self.case_ids if c not in measured)
         self.ran += [d.name for d in batch]
+        self.round_costs.append({"draws": [d.name for d in batch], "cases": len(chosen)})
         draws = [(replace(d, shape_only=shape) if shape else d, 0) for d in batch]
         return [*self.named, *draws] if round_index == 0 else draws
 
@@ -71,6 +73,11 @@ class AdaptiveDraws:
         cost = self.costs() if self.refs else {c: 1.0 for c in self.case_ids}
         return sum(self.rounds.get(c, 0) * cost[c] for c in cost) / len(cost)
 
+    def cost(self, seconds: float, stats: dict[str, Any]) -> None:
+        """What the round just replayed cost: its replay time, rows computed and forward passes."""
+        self.round_costs[-1].update(replay_s=round(seconds, 3), rows=stats.get("rows"),
+                                    forward_passes=stats.get("forward_passes"))
+
     def saw(self, traces: Sequence[Trace]) -> None:
         names = {d.name for d in self.draws}
         for t in traces:
@@ -85,10 +92,11 @@ class AdaptiveDraws:
 
     def summary(self) -> dict[str, Any]:
         """meta.json's `adaptive` block (as a probe's): the target, the case-rounds spent against a flat
-        `--sample 32`'s, per case its rounds, draws and why it stopped."""
+        `--sample 32`'s, what each round measured and cost, per case its rounds, draws and why it stopped."""
         return {"target": self.target.to_dict(), "draws_per_round": self.per_round, "case_rounds": self.case_rounds,
                 "budget_spent": round(self.budget_spent(), 4),
                 "flat_case_rounds": self.target.max_rounds * len(self.case_ids), "draws_run": list(self.ran),
+                "rounds": list(self.round_costs),
                 "cases": {c: {"rounds": s.rounds, "draws": s.draws, "stopped": stop_reason(s, self.target) or "budget"}
                           for c, s in self.states().items()}}
 

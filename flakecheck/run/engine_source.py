@@ -167,6 +167,7 @@ def _replay_rounds(prepared: PreparedRun, adaptive: AdaptiveDraws, resume: bool,
             got, took, info = replay_runs(prepared.model, prepared.config.replay, prepared.spec, prepared.requests,
                                           work, prepared.directory, resume, bar)
             adaptive.saw(got)
+            adaptive.cost(took, info)
             traces += got
             seconds += took
             stats = add_stats(stats, info)
