@@ -17,6 +17,7 @@ from flakecheck.engine.prefix_cache import CachedBlock, PrefixCache, block_hashe
 from flakecheck.engine.sequence import LINEAGE_ROOT, Sequence
 from flakecheck.kernels import StepPlan
 from flakecheck.replay.lockstep import Lockstep, Member
+from flakecheck.replay.requests import FillerId, readable_blocks, shape_from
 from flakecheck.replay.shared_rows import RowSharing
 from tests.machine_paths import engine_ops
 
@@ -169,7 +170,7 @@ def test_a_shape_only_request_shapes_its_steps_without_being_computed(wide) -> N
     cache = KVCache(config.num_layers, 8, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
     lockstep = Lockstep(build_model(wide, engine_ops("splitk", wide.config)), cache)
     core = EngineCore(cache, wide.eos_token_ids, config.max_context, 4)
-    for request in [*cases, replace(filler, shape_only=True)]:
+    for request in [*cases, replace(filler, shape_from=0)]:
         core.add_request(request)
     got: list[Completion] = []
     lockstep.add(Member(core, got.append))
@@ -181,31 +182,36 @@ def test_a_shape_only_request_shapes_its_steps_without_being_computed(wide) -> N
     assert lockstep.stats.skipped_rows == len(filler.prompt_ids) + 7 - 1
 
 
-def test_under_a_prefix_cache_a_shape_only_request_computes_its_prompt_and_nothing_after(wide) -> None:
-    """A filler that arrives first publishes the shared system prompt's blocks, which the cases then load: its
-    prompt is computed (the cases get the bits they get with the filler computed in full, hits included), its
-    generated rows only shape their steps."""
+def test_under_a_prefix_cache_a_filler_computes_only_the_prompt_blocks_a_case_can_load(wide) -> None:
+    """Fillers that arrive first publish their prompts' blocks; the cases share the first block (the system
+    prompt) with one of them and load it. That filler computes that block and nothing after it, the other (no
+    block shared) nothing at all; the cases get the bits they get with both fillers computed in full, hits
+    included."""
     params = SamplingParams(max_tokens=5, ignore_eos=True)
     ps = prompts(3)
-    filler = Request(("filler", 0), ps[2], SamplingParams(max_tokens=7, ignore_eos=True))
+    long = SamplingParams(max_tokens=7, ignore_eos=True)
+    fillers = [Request(FillerId(0), ps[2], long), Request(FillerId(1), ps[2][::-1], long)]
     cases = [Request(str(i), p, params, arrival=2) for i, p in enumerate(ps[:2])]
-    want = alone(wide, [filler, *cases], 4, prefix=True)
-    assert [c.cached_prompt_tokens for c in want[1:]] == [16, 16]  # the cases load the filler's block
+    want = alone(wide, [*fillers, *cases], 4, prefix=True)
+    assert [c.cached_prompt_tokens for c in want[2:]] == [16, 16]  # the cases load filler 0's first block
+    readable = readable_blocks([*fillers, *cases])
+    assert [shape_from(f, readable) for f in fillers] == [16, 0] and shape_from(cases[0], readable) is None
     config = wide.config
     cache = KVCache(config.num_layers, 8, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
     lockstep = Lockstep(build_model(wide, engine_ops("splitk", wide.config)), cache)
     core = EngineCore(cache, wide.eos_token_ids, config.max_context, 4, None, PrefixCache())
-    for request in [replace(filler, shape_only=True), *cases]:
-        core.add_request(request)
+    for request in [*fillers, *cases]:
+        core.add_request(replace(request, shape_from=shape_from(request, readable)))
     got: list[Completion] = []
     lockstep.add(Member(core, got.append))
     lockstep.run()
     by_id = {c.request_id: c for c in got}
-    for completion in want[1:]:
+    for completion in want[2:]:
         assert same(by_id[completion.request_id], completion)
         assert by_id[completion.request_id].cached_prompt_tokens == 16
-    assert len(by_id[("filler", 0)].token_ids) == 7  # it ran its whole length
-    assert lockstep.stats.skipped_rows == 7 - 1  # its generated rows (the last sampled token has none)
+    assert all(len(by_id[f.request_id].token_ids) == 7 for f in fillers)  # they ran their whole length
+    # every filler row but filler 0's first block (the last sampled token of each has no row)
+    assert lockstep.stats.skipped_rows == (len(ps[2]) - 16 + 6) + (len(ps[2]) + 6)
 
 
 def test_rows_are_handed_on_by_any_sequence_that_still_holds_them(wide) -> None:
@@ -243,7 +249,7 @@ def test_a_step_that_computes_nothing_does_not_wait_for_a_forward_pass(wide) -> 
     cache = KVCache(config.num_layers, 8, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
     lockstep = Lockstep(build_model(wide, engine_ops("splitk", wide.config)), cache)
     got: list[Completion] = []
-    for requests in ([replace(filler, shape_only=True), case_a], [case_b]):
+    for requests in ([replace(filler, shape_from=0), case_a], [case_b]):
         core = EngineCore(cache, wide.eos_token_ids, config.max_context, 4)
         for request in requests:
             core.add_request(request)

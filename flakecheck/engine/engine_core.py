@@ -25,9 +25,10 @@ class Request:
     params: SamplingParams = SamplingParams()
     arrival: int = 0  # engine step at which the request may first be scheduled
     cache_salt: str | None = None  # requests with different salts never share prefix-cache blocks
-    # nothing reads what it generates (a filler whose length is fixed): simulated replay schedules its rows,
-    # which shapes its steps, but computes only its prompt's, and those only where a prefix cache passes them on
-    shape_only: bool = False
+    # simulated replay computes its rows before this position only and schedules the rest, which shapes their
+    # steps: a filler whose length is fixed, nothing reading what it generates (under a prefix cache the caller
+    # keeps computed the prompt blocks a computed request may load). None: every row is computed
+    shape_from: int | None = None
 
 
 @dataclass
@@ -74,9 +75,7 @@ class EngineCore:
 
     def add_request(self, request: Request, context_name: str = "context") -> None:
         seq = Sequence(request.request_id, list(request.prompt_ids), request.params, request.arrival,
-                       request.cache_salt)
-        if request.shape_only:  # a prefix cache publishes the prompt's keys and values: those are computed
-            seq.shaped_from = seq.num_prompt if self.prefix_cache is not None else 0
+                       request.cache_salt, request.shape_from)
         if seq.max_length > self.max_context:
             raise ValueError(
                 f"request {request.request_id!r}: {seq.num_prompt} prompt + {request.params.max_tokens} new "

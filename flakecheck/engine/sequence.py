@@ -47,9 +47,7 @@ class Sequence:
     params: SamplingParams
     arrival: int = 0
     cache_salt: str | None = None  # prefix-cache blocks are shared only between requests with the same salt
-    # simulated replay schedules its positions from here on but never computes them (Request.shape_only);
-    # None: every position is computed
-    shaped_from: int | None = None
+    shape_from: int | None = None  # simulated replay computes only the positions before it (Request.shape_from)
     token_ids: list[int] = field(init=False)
     num_computed: int = 0  # tokens whose keys and values are in the cache
     cached_prompt_tokens: int = 0
@@ -84,10 +82,9 @@ class Sequence:
         """Tokens not yet in the cache: the rest of the prompt, or the one token sampled last step."""
         return len(self.token_ids) - self.num_computed
 
-    @property
-    def shapes_only(self) -> bool:
-        """Whether its next rows only shape their step (scheduled, never computed)."""
-        return self.shaped_from is not None and self.num_computed >= self.shaped_from
+    def computed_of(self, n: int) -> int:
+        """How many of its next n rows simulated replay computes (the rest only shape their step)."""
+        return n if self.shape_from is None else max(0, min(n, self.shape_from - self.num_computed))
 
     @property
     def max_length(self) -> int:

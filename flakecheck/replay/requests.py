@@ -14,6 +14,7 @@ from flakecheck.data.compositions import Composition, arrival_order, make_filler
 from flakecheck.data.routing import routing_digest
 from flakecheck.data.traces import Trace
 from flakecheck.engine import Completion, Knobs, Request, SamplingParams
+from flakecheck.engine.prefix_cache import BLOCK_SIZE, block_hashes
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,34 @@ class FillerId:
 
 def is_filler(request_id: Any) -> bool:
     return isinstance(request_id, FillerId)
+
+
+def shape_only(request: Request) -> bool:
+    """A filler of fixed length: nothing reads what it generates, and its length does not depend on it."""
+    return is_filler(request.request_id) and request.params.ignore_eos
+
+
+def readable_blocks(requests: Sequence[Request], block_size: int = BLOCK_SIZE) -> frozenset[int]:
+    """The prefix-cache blocks (chained hashes) the computed requests among `requests` could load."""
+    return frozenset(h for r in requests if not shape_only(r)
+                     for h in block_hashes(r.prompt_ids[:-1], block_size, r.cache_salt))
+
+
+def shape_from(request: Request, readable: frozenset[int] | None, block_size: int = BLOCK_SIZE) -> int | None:
+    """Where a request's computed rows end (Request.shape_from): None for a case (every row); a filler of fixed
+    length computes none — under a prefix cache (`readable`: its `readable_blocks`), none but the prompt blocks
+    a computed request could load from it. A block a computed request loads was published by a request whose
+    prompt starts with it (the hashes are chained), so that request computed it."""
+    if not shape_only(request):
+        return None
+    if readable is None:
+        return 0
+    shared = 0
+    for h in block_hashes(request.prompt_ids, block_size, request.cache_salt):  # chained: a prefix run
+        if h not in readable:
+            break
+        shared += 1
+    return shared * block_size
 
 
 def knobs(composition: Composition) -> Knobs:

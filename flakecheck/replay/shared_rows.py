@@ -13,9 +13,9 @@ its cache slot (the one that computed it, or one that was handed it). The LM hea
 do not enter a row's digest (they shape only what a sampling row samples): a sampling row reuses a token
 sampled from the same row under the same two orders, or samples again from the row this pass computes.
 
-A shape-only sequence (a filler: fixed length, nothing reads what it generates) is scheduled — its rows
-count in its steps' shapes, hence in their plans — but not computed: no other row reads them. Under a prefix
-cache its prompt's rows are the exception: they are published to the cache, so they are computed.
+A filler of fixed length (nothing reads what it generates) is scheduled — its rows count in its steps'
+shapes, hence in their plans — but not computed: no other row reads them. Under a prefix cache the prompt
+blocks a case could load from it are the exception (`Sequence.shape_from`): those are computed.
 
 Only the leading rows of a sequence's step are shared (a sequence's computed rows stay one run of
 positions, as the attention layout wants), and only under kernels whose rows are batch-invariant
@@ -68,7 +68,7 @@ class SeqRows:
     seq: Sequence
     start: int
     n: int
-    digests: list[bytes]  # empty for a shape-only sequence: nothing of it is computed
+    digests: list[bytes]  # of the rows it computes: the first of its n, or none (Sequence.shape_from)
     sources: list[int | Source | Stored] = field(default_factory=list)
     sample_row: int | None = None
     reused: Sampled | None = None
@@ -87,7 +87,7 @@ class SharedPass:
     steps: list[tuple[PlannedStep, list[SeqRows]]] = field(default_factory=list)
     rows: dict[bytes, int] = field(default_factory=dict)  # digest -> packed row computing it
     shared: int = 0  # rows of its steps that it takes from another sequence's identical row
-    skipped: int = 0  # rows of shape-only sequences: scheduled, never computed
+    skipped: int = 0  # rows past a sequence's shape_from: scheduled, never computed
     copies: list[tuple[int, int]] = field(default_factory=list)  # (cache row, cache row), before the pass
     loads: list[tuple[bytes, int, int]] = field(default_factory=list)  # (digest, slot, position) from the row store
 
@@ -154,13 +154,9 @@ class RowSharing:
                 if seqs[-1].samples:
                     seqs[-1].sample_row = next_row - 1
                 continue
-            if seq.shapes_only:
-                entry = SeqRows(seq, seq.num_computed, n, [])
-                entry.reused = UNREAD if entry.samples else None
-                seqs.append(entry)
-                continue
-            entry = SeqRows(seq, seq.num_computed, n,
-                            digests[index] if digests is not None else self.digests(seq, n, step.plan))
+            computed = seq.computed_of(n)  # the rest of its rows only shape the step (a filler's)
+            entry = SeqRows(seq, seq.num_computed, n, [] if not computed else
+                            digests[index] if digests is not None else self.digests(seq, computed, step.plan))
             for key in entry.digests:
                 source = current.rows.get(key, rows.get(key))
                 if source is None:
@@ -168,14 +164,16 @@ class RowSharing:
                 if source is None:
                     break
                 entry.sources.append(source)
-            if entry.samples and len(entry.sources) == n:
+            if computed < n:  # what it samples, nobody reads
+                entry.reused = UNREAD if entry.samples else None
+            elif entry.samples and len(entry.sources) == n:
                 source = entry.sources[-1]
                 entry.reused = self.sampled.get((entry.digests[-1], step.plan.lm_head, step.plan.final))
                 if entry.reused is None and isinstance(source, int):
                     entry.sample_row = source  # sampled again from the row this pass computes
                 elif entry.reused is None:  # computed earlier, never sampled under this plan: compute it here
                     entry.sources.pop()
-            for i in range(len(entry.sources), n):
+            for i in range(len(entry.sources), computed):
                 rows.setdefault(entry.digests[i], next_row)
                 next_row += 1
             if entry.samples and entry.reused is None and len(entry.sources) < n:
@@ -190,8 +188,8 @@ class RowSharing:
         for entry in seqs:
             seq, start = entry.seq, entry.start
             assert seq.slot is not None
-            if seq.shapes_only and not entry.digests:
-                current.skipped += entry.n
+            current.skipped += entry.n - len(entry.digests)
+            if not entry.digests:
                 continue
             for i, source in enumerate(entry.sources):
                 if isinstance(source, int):
@@ -237,7 +235,7 @@ class RowSharing:
                 if result is not None:
                     out.append(result)
                 if entry.digests:
-                    if result is not None:
+                    if result is not None and len(entry.digests) == entry.n:  # a row that sampled
                         self.sampled.setdefault((entry.digests[-1], step.plan.lm_head, step.plan.final), result)
                     self._record(entry)
             per_step.append(out)

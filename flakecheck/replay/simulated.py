@@ -38,7 +38,15 @@ from flakecheck.engine.models import CausalLM
 from flakecheck.engine.prefix_cache import PrefixCache, block_hashes
 from flakecheck.kernels.policy import KernelPolicy
 from flakecheck.replay.lockstep import Lockstep, Member
-from flakecheck.replay.requests import CaseRequest, build_requests, is_filler, knobs, trace_of
+from flakecheck.replay.requests import (
+    CaseRequest,
+    build_requests,
+    is_filler,
+    knobs,
+    readable_blocks,
+    shape_from,
+    trace_of,
+)
 
 MAX_SLOTS = 256  # KV slots in the pool: sequences held at once across every core
 MAX_ROWS = 2048  # rows of one physical forward pass
@@ -206,10 +214,9 @@ class _Builder:
         composition = job.composition
         prefix = PrefixCache() if knobs(composition).enable_prefix_caching else None
         core = self.core(composition.max_batch, knobs(composition).max_num_batched_tokens, prefix)
+        readable = None if prefix is None else readable_blocks(requests)
         for request in requests:
-            # a filler's length is fixed (it ignores EOS) and its values reach a case only through a prefix
-            # cache's prompt blocks: beyond those it shapes the steps and needs no computing
-            core.add_request(replace(request, shape_only=is_filler(request.request_id) and request.params.ignore_eos))
+            core.add_request(replace(request, shape_from=shape_from(request, readable)))
         self.lockstep.add(Member(core, self.listener(runs), policy=job.policy, tp=knobs(composition).tensor_parallel,
                                  done=self.wanted(core, runs, runs[0].case_ids)))
 
@@ -224,13 +231,13 @@ class _Builder:
         case_groups = {key for r, key in zip(order, first_block) if not is_filler(r.request_id)}
         earlier: dict[Any, list[EngineCore]] = {}
         listener = self.listener([run])
+        readable = readable_blocks(requests)
         for request, key in zip(order, first_block):
             if is_filler(request.request_id) and key not in case_groups:
                 continue  # a filler that shares no prompt block with any case cannot touch one
             core = self.core(1, knobs(job.composition).max_num_batched_tokens, prefix)
             core.add_request(Request(request.request_id, request.prompt_ids, request.params,
-                                     cache_salt=request.cache_salt,
-                                     shape_only=is_filler(request.request_id) and request.params.ignore_eos))
+                                     cache_salt=request.cache_salt, shape_from=shape_from(request, readable)))
             waits = list(earlier.get(key, [])) if key is not None else []
             reported = [str(request.request_id)] if str(request.request_id) in run.case_ids else []
             self.lockstep.add(Member(core, listener, lambda waits=waits: all(c.prompts_done() for c in waits),
