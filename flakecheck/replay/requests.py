@@ -85,7 +85,7 @@ def build_requests(cases: Sequence[CaseRequest], composition: Composition, repea
     order = arrival_order(len(cases), composition, repeat)
     shaped = dict(composition.shape_only)
     # a case no longer measured keeps its place as a filler of its own prompt and its reference's length:
-    # it shapes its batch-mates' steps as the case would, and (outside a prefix cache) computes nothing
+    # it shapes its batch-mates' steps as the case would, and computes only what a case can read (shape_from)
     requests = [Request(FillerId(-1 - i), cases[i].prompt_ids, SamplingParams(shaped[cases[i].case_id], True))
                 if cases[i].case_id in shaped else
                 Request(cases[i].case_id, cases[i].prompt_ids, SamplingParams(cases[i].max_tokens)) for i in order]

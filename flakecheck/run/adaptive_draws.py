@@ -4,8 +4,9 @@ undecided (flakecheck.analysis.flip.adaptive says which).
 Round 1 replays the named compositions and the first DRAWS_PER_ROUND draws for every case. Each later round
 replays the next DRAWS_PER_ROUND draws; a case the round does not measure is still in them, as a shape-only
 request of its prompt and its reference's length in its own place (`Composition.shape_only`): its batch-mates'
-steps keep their shapes, and outside a prefix cache its rows are not computed. Each round is decided from the
-traces saved before it alone, so a resumed run replays the same rounds.
+steps keep their shapes, and of its rows only the prompt blocks a measured case could load from a prefix cache
+are computed. Each round is decided from the traces saved before it alone, so a resumed run replays the same
+rounds.
 """
 
 from __future__ import annotations
