@@ -259,3 +259,36 @@ def test_a_step_that_computes_nothing_does_not_wait_for_a_forward_pass(wide) -> 
     assert same(by_id["a"], alone(wide, [filler, case_a], 4)[1])
     assert same(by_id["b"], alone(wide, [case_b], 4)[0])
     assert lockstep.stats.forward_passes == params.max_tokens
+
+
+def test_a_step_run_at_once_never_frees_a_slot_a_packed_step_still_copies_from(wide) -> None:
+    """Core X's case copies its prompt's rows from S, a filler of core Y that computed them a tick before. In
+    that tick Y's next step computes nothing (S's uncomputed decode), runs at once and finishes S; Y then admits
+    T into S's slot, loading another prompt's prefix-cache block there. X's copies must have been made first:
+    its case gets the bits it gets alone."""
+    gen = torch.Generator().manual_seed(11)
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(3, 200, (n,), generator=gen).tolist()
+
+    p, q = tokens(29), tokens(24)
+    once, twice = SamplingParams(max_tokens=1, ignore_eos=True), SamplingParams(max_tokens=2, ignore_eos=True)
+    first, case = Request("d", tokens(20), twice), Request("c", p + tokens(3), SamplingParams(3, ignore_eos=True))
+    config = wide.config
+    cache = KVCache(config.num_layers, 2, config.num_kv_heads, config.head_dim, wide.dtype, length=128)
+    lockstep = Lockstep(build_model(wide, engine_ops("splitk", wide.config)), cache)
+    got: list[Completion] = []
+    x = EngineCore(cache, wide.eos_token_ids, config.max_context, 1)
+    for request in (first, case):  # the case prefills in tick 2
+        x.add_request(request)
+    y = EngineCore(cache, wide.eos_token_ids, config.max_context, 1, None, PrefixCache())
+    # R publishes q's block (tick 0); S prefills p (tick 1), its decode only shapes; T loads q's block
+    for request in (Request("r", q, once), Request(FillerId(0), p, twice, shape_from=len(p)),
+                    Request("t", q + tokens(4), once)):
+        y.add_request(request)
+    lockstep.add(Member(x, got.append))
+    lockstep.add(Member(y, got.append))
+    lockstep.run()
+    by_id = {c.request_id: c for c in got}
+    assert by_id["t"].cached_prompt_tokens == 16 and lockstep.stats.shared_rows >= len(p)  # the setting holds
+    assert same(by_id["c"], alone(wide, [first, case], 1)[1])

@@ -125,6 +125,8 @@ class Lockstep:
                 rows, seqs = self.sharing.arrange(current, step)
                 if rows == 0 and not any(e.sample_row is not None or any(isinstance(s, int) for s in e.sources)
                                          for e in seqs):  # nothing of this pass is read: it runs now
+                    # its sequences may finish and their slots go to others: the pass's copies are made first
+                    self.sharing.copy(current)
                     alone = self.sharing.new_pass()
                     self.sharing.add(alone, step, seqs)
                     self._run(alone, [member])

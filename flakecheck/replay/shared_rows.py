@@ -212,13 +212,15 @@ class RowSharing:
         current.steps.append((step, seqs))
 
     def copy(self, current: SharedPass) -> None:
-        """The rows `current` takes from earlier passes, into the slots of the sequences that need them."""
+        """The rows `current` takes from earlier passes (so far), into the slots of the sequences that need
+        them: before its forward pass, and before any step outside it could free a slot it copies from."""
         if current.copies:
             src, dst = zip(*current.copies)
             device = self.cache.device
             self.cache.copy_rows(torch.tensor(src, device=device), torch.tensor(dst, device=device))
         if current.loads and self.store is not None:
             self.store.load(self.cache, current.loads)
+        current.copies, current.loads = [], []
 
     def results(self, current: SharedPass, sampled: Seq[Sampled]) -> list[list[Sampled]]:
         """Each step's sampled tokens (from the pass's sampling rows, in order, or reused), and every row
