@@ -36,8 +36,6 @@ class AdaptiveDraws:
     refs: dict[str, Trace] = field(default_factory=dict)
     drawn: dict[str, list[Trace]] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
-    case_rounds: int = 0
-    ran: list[str] = field(default_factory=list)
     round_costs: list[dict[str, Any]] = field(default_factory=list)  # per round: its draws, cases, rows, passes, time
 
     def work(self, round_index: int) -> list[tuple[Composition, int]]:
@@ -49,14 +47,22 @@ class AdaptiveDraws:
         if not chosen:
             return []
         measured = set(chosen)
-        self.case_rounds += len(chosen)
         for case in chosen:
             self.rounds[case] = self.rounds.get(case, 0) + 1
         shape = tuple((c, max(1, len(self.refs[c].token_ids))) for c in self.case_ids if c not in measured)
-        self.ran += [d.name for d in batch]
         self.round_costs.append({"draws": [d.name for d in batch], "cases": len(chosen)})
         draws = [(replace(d, shape_only=shape) if shape else d, 0) for d in batch]
         return [*self.named, *draws] if round_index == 0 else draws
+
+    @property
+    def ran(self) -> list[str]:
+        """The draws replayed so far, in order."""
+        return [name for r in self.round_costs for name in r["draws"]]
+
+    @property
+    def case_rounds(self) -> int:
+        """The case-rounds measured so far, over every case."""
+        return sum(r["cases"] for r in self.round_costs)
 
     def _chosen(self) -> list[str]:
         spent = self.budget_spent() * len(self.case_ids)
@@ -96,7 +102,7 @@ class AdaptiveDraws:
         `--sample 32`'s, what each round measured and cost, per case its rounds, draws and why it stopped."""
         return {"target": self.target.to_dict(), "draws_per_round": self.per_round, "case_rounds": self.case_rounds,
                 "budget_spent": round(self.budget_spent(), 4),
-                "flat_case_rounds": self.target.max_rounds * len(self.case_ids), "draws_run": list(self.ran),
+                "flat_case_rounds": self.target.max_rounds * len(self.case_ids), "draws_run": self.ran,
                 "rounds": list(self.round_costs),
                 "cases": {c: {"rounds": s.rounds, "draws": s.draws, "stopped": stop_reason(s, self.target) or "budget"}
                           for c, s in self.states().items()}}

@@ -236,8 +236,9 @@ RunConfig.parse.__func__.__signature__ = signature(  # type: ignore[attr-defined
     CONFIG_OPTIONS, "RunConfig")
 
 
-# `--sample auto`: the draws a round gives each case it measures. Each round is its own lockstep, with a forward
-# pass for every step that has rows: rounds of 2 made 2.1x the forward passes (1.4x the time) on the demo
+# `--sample auto`: the draws a round gives each case it measures. Each round is its own lockstep, whose passes
+# follow its draws' schedules: rounds of 2 made 2.1x the forward passes (1.4x the time) on the demo (measured
+# before steps that compute nothing stopped taking a pass)
 DRAWS_PER_ROUND = 4
 
 
