@@ -17,6 +17,11 @@ TOPICS = ("the sea at night", "a quiet library", "an old bridge", "the first sno
           "a lost letter", "a mountain village", "a summer storm", "a train station", "a forest path",
           "a lighthouse keeper", "a city at dawn", "an empty theatre", "a garden in autumn", "a river crossing",
           "a small bakery", "a desert road", "a school bell", "a winter harbour", "a clock tower")
+# a second set of topics, for material no earlier measurement drew from (the suites of 2026-12-07 on)
+FRESH_TOPICS = ("a night bus", "a fishing boat", "a broken umbrella", "a chess club", "a hot air balloon",
+                "a village fair", "an abandoned mine", "a rooftop garden", "a lost dog", "a paper kite",
+                "a frozen lake", "a second-hand bookshop", "a power cut", "a long queue", "a street musician",
+                "a wedding speech", "a windmill", "a museum guard", "a spring flood", "a ferry crossing")
 ASKS = ("Describe {} in three sentences.", "Write a short story about {}.", "Explain why people remember {}.",
         "Give two facts and one opinion about {}.")
 
@@ -26,14 +31,17 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--cases", type=int, default=24)
     parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument("--fresh-topics", action="store_true",
+                        help="draw from the second set of topics, which no suite before 2026-12-07 used")
     parser.add_argument("--with-replacement", action="store_true",
                         help="draw each case independently, repeats allowed (how suites of seeds 25 and 907 were made)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
+    topics = FRESH_TOPICS if args.fresh_topics else TOPICS
     if args.with_replacement:
-        questions = [rng.choice(ASKS).format(rng.choice(TOPICS)) for _ in range(args.cases)]
+        questions = [rng.choice(ASKS).format(rng.choice(topics)) for _ in range(args.cases)]
     else:  # distinct questions: a repeated one would count one answer's flips several times
-        pairs = [(ask, topic) for ask in ASKS for topic in TOPICS]
+        pairs = [(ask, topic) for ask in ASKS for topic in topics]
         if args.cases > len(pairs):
             parser.error(f"--cases: at most {len(pairs)} distinct questions")
         questions = [ask.format(topic) for ask, topic in rng.sample(pairs, args.cases)]

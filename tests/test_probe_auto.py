@@ -85,6 +85,18 @@ def test_the_budget_counts_each_round_at_its_cases_cost() -> None:
     assert next_round(cases, target, rounds_spent=2.6) == ["long"]  # unweighted: 1.4 rounds left pay one
 
 
+def test_a_replay_of_several_rounds_charges_each_case_all_of_them() -> None:
+    target = AutoDraws(threshold=0.1, budget_rounds=2, max_rounds=4)
+    cases = {"a": CaseDraws(1, 0, 0.2, 1), "b": CaseDraws(1, 0, 0.2, 1), "c": CaseDraws(1, 0, 0.2, 1)}
+    # budget 6, 3 spent: one round each for all three, or two rounds for one of them
+    assert next_round(cases, target, rounds_spent=3) == ["a", "b", "c"]
+    assert next_round(cases, target, rounds_spent=3, size=2) == ["a"]
+    assert next_round(cases, target, rounds_spent=2, size=2) == ["a", "b"]
+    # a replay that would take a case past max_rounds passes it over, however much budget is left
+    late = {**cases, "a": CaseDraws(3, 0, 0.2, 3)}
+    assert next_round(late, target, rounds_spent=0, size=2) == ["b", "c"]
+
+
 @pytest.mark.parametrize("flat_draws", [1, 8, 32])
 def test_a_flat_pass_sees_a_flip_half_the_time_at_the_rarely_flips_line(flat_draws: int) -> None:
     line = rare_below(flat_draws)

@@ -15,7 +15,7 @@ from flakecheck.engine import LoadedModel, load_model
 from flakecheck.errors import UserError
 from flakecheck.replay import CaseRequest, FillerId, build_requests
 from flakecheck.reports.terminal import render_summary
-from flakecheck.run.settings import DRAWS_PER_ROUND, RunConfig, parse_sample
+from flakecheck.run.settings import DRAWS_PER_ROUND, ROUNDS_PER_REPLAY, RunConfig, parse_sample
 from tests.test_run import write_suite
 
 
@@ -39,6 +39,7 @@ def test_a_shape_only_case_keeps_its_place_its_prompt_and_the_given_length() -> 
 def test_sample_is_parsed_once_at_the_door() -> None:
     most, target = parse_sample("auto")
     assert target is not None and most == target.max_rounds * DRAWS_PER_ROUND == 32  # a flat --sample 32's
+    assert sum(ROUNDS_PER_REPLAY) == target.max_rounds and ROUNDS_PER_REPLAY[0] == 1  # every round, the first alone
     assert parse_sample("12") == (12, None) and parse_sample(3) == (3, None)
     with pytest.raises(UserError, match="--sample"):
         parse_sample("lots")
@@ -60,10 +61,14 @@ def test_sample_auto_measures_the_undecided_cases_in_the_batches_the_full_draw_m
     ran = adaptive["draws_run"]
     assert auto.meta["flip"]["draws"] == ran and len(ran) % DRAWS_PER_ROUND == 0 and len(ran) > DRAWS_PER_ROUND
     assert adaptive["budget_spent"] <= adaptive["target"]["budget_rounds"]  # each round at its case's cost
-    rounds = adaptive["rounds"]  # what each round measured and cost, adding up to the run's
-    assert [r["draws"] for r in rounds] == [ran[i:i + DRAWS_PER_ROUND] for i in range(0, len(ran), DRAWS_PER_ROUND)]
-    assert rounds[0]["cases"] == 8 and sum(r["cases"] for r in rounds) == adaptive["case_rounds"]
-    assert sum(r["rows"] for r in rounds) == auto.meta["replay_stats"]["rows"]
+    replays = adaptive["replays"]  # what each replay measured and cost, adding up to the run's
+    bounds = [DRAWS_PER_ROUND * sum(ROUNDS_PER_REPLAY[:i]) for i in range(len(replays) + 1)]
+    assert [r["draws"] for r in replays] == [ran[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+    assert bounds[-1] == len(ran)
+    assert len(replays) > 1 and len(replays[1]["draws"]) == DRAWS_PER_ROUND * ROUNDS_PER_REPLAY[1]
+    assert replays[0]["cases"] == 8
+    assert sum(r["cases"] * len(r["draws"]) for r in replays) == DRAWS_PER_ROUND * adaptive["case_rounds"]
+    assert sum(r["rows"] for r in replays) == auto.meta["replay_stats"]["rows"]
     runs = auto.runs
     for row in auto.cases.itertuples():
         drawn = runs[(runs.case_id == row.case_id) & runs.composition.isin(ran)]
@@ -77,9 +82,9 @@ def test_sample_auto_measures_the_undecided_cases_in_the_batches_the_full_draw_m
     render_summary(auto, console, top=3)
     fewest, most = min(auto.cases.n_draws), max(auto.cases.n_draws)
     assert f"{len(ran)} compositions sampled from poisson:6 (seed 3; {fewest}–{most} a case" in console.export_text()
-    # round 2's draws replayed flat, every case measured: the cases auto still measured got the same tokens
-    # wherever the cases it left out kept their reference's length (they stand in at that length)
-    second = sample_compositions(parse_load("poisson:6"), 2 * DRAWS_PER_ROUND, 3)[DRAWS_PER_ROUND:]
+    # the second replay's draws replayed flat, every case measured: the cases auto still measured got the same
+    # tokens wherever the cases it left out kept their reference's length (they stand in at that length)
+    second = sample_compositions(parse_load("poisson:6"), bounds[2], 3)[bounds[1]:]
     flat = flakecheck.run_suite(suite, out=tmp_path / "flat", **{**common, "compositions": [Composition("solo"),
                                                                                            *second]})
     ref = {r.case_id: list(r.token_ids) for r in flat.runs[flat.runs.composition == "solo"].itertuples()}

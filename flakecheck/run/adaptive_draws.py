@@ -1,12 +1,14 @@
 """`run --sample auto`: the draws replayed in rounds, a case measured only while its flip probability is
 undecided (flakecheck.analysis.flip.adaptive says which).
 
-Round 1 replays the named compositions and the first DRAWS_PER_ROUND draws for every case. Each later round
-replays the next DRAWS_PER_ROUND draws; a case the round does not measure is still in them, as a shape-only
-request of its prompt and its reference's length in its own place (`Composition.shape_only`): its batch-mates'
-steps keep their shapes, and of its rows only the prompt blocks a measured case could load from a prefix cache
-are computed. Each round is decided from the traces saved before it alone, so a resumed run replays the same
-rounds.
+A round gives each case it measures `per_round` draws; a replay runs one or more rounds at once (`schedule`),
+in one lockstep. The first replays the named compositions and the first round's draws for every case. Each
+later replay runs the next rounds' draws; a case it does not measure is still in them, as a shape-only
+request of its prompt and its reference's length in its own place (`Composition.shape_only`): its
+batch-mates' steps keep their shapes, and of its rows only the prompt blocks a measured case could load from a
+prefix cache are computed. A replay's forward passes follow its draws' schedules, whatever it measures, so
+fewer, larger replays cost fewer passes, at the price of deciding less often. Each replay is decided from the
+traces saved before it alone, so a resumed run replays the same rounds.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from flakecheck.analysis.flip.adaptive import AutoDraws, CaseDraws, case_states,
 from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace
 
-# the replay statistics that add up over the rounds (the rest are the first round's)
+# the replay statistics that add up over the replays (the rest are the first replay's)
 SUMMED = ("ticks", "forward_passes", "rows", "shared_rows", "skipped_rows", "steps")
 
 
@@ -28,7 +30,8 @@ class AdaptiveDraws:
     target: AutoDraws
     named: Sequence[tuple[Composition, int]]  # the named compositions' work (the reference first)
     draws: Sequence[Composition]
-    per_round: int
+    per_round: int  # draws a round gives each case it measures
+    schedule: Sequence[int]  # the rounds each replay runs at once, in order
     reference: str
     case_ids: list[str]
     dtype: str | None
@@ -36,37 +39,41 @@ class AdaptiveDraws:
     refs: dict[str, Trace] = field(default_factory=dict)
     drawn: dict[str, list[Trace]] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
-    round_costs: list[dict[str, Any]] = field(default_factory=list)  # per round: its draws, cases, rows, passes, time
+    replay_costs: list[dict[str, Any]] = field(default_factory=list)  # per replay: its draws, cases, rows, passes, time
 
-    def work(self, round_index: int) -> list[tuple[Composition, int]]:
-        """The next round's (composition, repeat)s; empty: the measuring is over."""
-        batch = list(self.draws[round_index * self.per_round:(round_index + 1) * self.per_round])
+    def work(self, replay: int) -> list[tuple[Composition, int]]:
+        """The next replay's (composition, repeat)s; empty: the measuring is over."""
+        if replay >= len(self.schedule):
+            return []
+        size = self.schedule[replay]
+        start = sum(self.schedule[:replay]) * self.per_round
+        batch = list(self.draws[start:start + size * self.per_round])
         if not batch:
             return []
-        chosen = self.case_ids if round_index == 0 else self._chosen()
+        chosen = self.case_ids if replay == 0 else self._chosen(size)
         if not chosen:
             return []
         measured = set(chosen)
         for case in chosen:
-            self.rounds[case] = self.rounds.get(case, 0) + 1
+            self.rounds[case] = self.rounds.get(case, 0) + size
         shape = tuple((c, max(1, len(self.refs[c].token_ids))) for c in self.case_ids if c not in measured)
-        self.round_costs.append({"draws": [d.name for d in batch], "cases": len(chosen)})
+        self.replay_costs.append({"draws": [d.name for d in batch], "cases": len(chosen)})
         draws = [(replace(d, shape_only=shape) if shape else d, 0) for d in batch]
-        return [*self.named, *draws] if round_index == 0 else draws
+        return [*self.named, *draws] if replay == 0 else draws
 
     @property
     def ran(self) -> list[str]:
         """The draws replayed so far, in order."""
-        return [name for r in self.round_costs for name in r["draws"]]
+        return [name for r in self.replay_costs for name in r["draws"]]
 
     @property
     def case_rounds(self) -> int:
         """The case-rounds measured so far, over every case."""
-        return sum(r["cases"] for r in self.round_costs)
+        return sum(r["cases"] * len(r["draws"]) // self.per_round for r in self.replay_costs)
 
-    def _chosen(self) -> list[str]:
+    def _chosen(self, size: int) -> list[str]:
         spent = self.budget_spent() * len(self.case_ids)
-        return next_round(self.states(), self.target, spent, self.costs())
+        return next_round(self.states(), self.target, spent, self.costs(), size)
 
     def costs(self) -> dict[str, float]:
         """What a round of each case costs against the suite's average case: a round of a case computes about
@@ -81,8 +88,8 @@ class AdaptiveDraws:
         return sum(self.rounds.get(c, 0) * cost[c] for c in cost) / len(cost)
 
     def cost(self, seconds: float, stats: dict[str, Any]) -> None:
-        """What the round just replayed cost: its replay time, rows computed and forward passes."""
-        self.round_costs[-1].update(replay_s=round(seconds, 3), rows=stats.get("rows"),
+        """What the replay just run cost: its replay time, rows computed and forward passes."""
+        self.replay_costs[-1].update(replay_s=round(seconds, 3), rows=stats.get("rows"),
                                     forward_passes=stats.get("forward_passes"))
 
     def saw(self, traces: Sequence[Trace]) -> None:
@@ -99,17 +106,18 @@ class AdaptiveDraws:
 
     def summary(self) -> dict[str, Any]:
         """meta.json's `adaptive` block (as a probe's): the target, the case-rounds spent against a flat
-        `--sample 32`'s, what each round measured and cost, per case its rounds, draws and why it stopped."""
-        return {"target": self.target.to_dict(), "draws_per_round": self.per_round, "case_rounds": self.case_rounds,
+        `--sample 32`'s, what each replay measured and cost, per case its rounds, draws and why it stopped."""
+        return {"target": self.target.to_dict(), "draws_per_round": self.per_round,
+                "rounds_per_replay": list(self.schedule), "case_rounds": self.case_rounds,
                 "budget_spent": round(self.budget_spent(), 4),
                 "flat_case_rounds": self.target.max_rounds * len(self.case_ids), "draws_run": self.ran,
-                "rounds": list(self.round_costs),
+                "replays": list(self.replay_costs),
                 "cases": {c: {"rounds": s.rounds, "draws": s.draws, "stopped": stop_reason(s, self.target) or "budget"}
                           for c, s in self.states().items()}}
 
 
 def add_stats(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    """A round's replay statistics added to the rounds' before."""
+    """A replay's statistics added to the replays' before."""
     if not total:
         return dict(more)
     for key in SUMMED:

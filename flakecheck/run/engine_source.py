@@ -55,7 +55,7 @@ from flakecheck.run.pipeline import (
     render_report,
 )
 from flakecheck.run.progress import ReplayProgress
-from flakecheck.run.settings import DRAWS_PER_ROUND, RunConfig
+from flakecheck.run.settings import DRAWS_PER_ROUND, ROUNDS_PER_REPLAY, RunConfig
 
 
 @dataclass(frozen=True)
@@ -147,21 +147,21 @@ def _adaptive(prepared: PreparedRun) -> AdaptiveDraws | None:
     if config.auto is None or config.sampling is None:
         return None
     return AdaptiveDraws(config.auto, [(c, r) for r in range(config.repeat) for c in config.named],
-                         config.sampling.draws, DRAWS_PER_ROUND, config.reference,
+                         config.sampling.draws, DRAWS_PER_ROUND, ROUNDS_PER_REPLAY, config.reference,
                          [r.case_id for r in prepared.requests], str(prepared.model.dtype).removeprefix("torch."),
                          {r.case_id: len(r.prompt_ids) for r in prepared.requests})
 
 
 def _replay_rounds(prepared: PreparedRun, adaptive: AdaptiveDraws, resume: bool, bar: ReplayProgress
                    ) -> tuple[list[Trace], float, dict[str, Any]]:
-    """`--sample auto`: each round replayed (and saved) whole before the next is decided from it."""
+    """`--sample auto`: each replay run (and saved) whole before the next is decided from it."""
     traces: list[Trace] = []
     seconds, stats = 0.0, {}
-    # a row one round computed is loaded, not computed, by a later round (flakecheck/replay/row_share.py)
+    # a row one replay computed is loaded, not computed, by a later replay (flakecheck/replay/row_share.py)
     store = RowStore.for_run()
     with RowStore.active(store):
-        for round_index in range(adaptive.target.max_rounds):
-            work = adaptive.work(round_index)
+        for replay in range(len(adaptive.schedule)):
+            work = adaptive.work(replay)
             if not work:
                 break
             got, took, info = replay_runs(prepared.model, prepared.config.replay, prepared.spec, prepared.requests,

@@ -105,7 +105,8 @@ class RunConfig:
     workers: int = OPTIONS["workers"].default
     cpus_per_worker: int | None = OPTIONS["cpus_per_worker"].default
     allow_mixed_devices: bool = OPTIONS["allow_mixed_devices"].default
-    # `--sample auto`: the draws in rounds of DRAWS_PER_ROUND, a case measured only while it is undecided
+    # `--sample auto`: the draws in rounds of DRAWS_PER_ROUND (replayed ROUNDS_PER_REPLAY at a time), a case
+    # measured only while it is undecided
     auto: AutoDraws | None = None
 
     def __post_init__(self) -> None:
@@ -236,10 +237,13 @@ RunConfig.parse.__func__.__signature__ = signature(  # type: ignore[attr-defined
     CONFIG_OPTIONS, "RunConfig")
 
 
-# `--sample auto`: the draws a round gives each case it measures. Each round is its own lockstep, whose passes
-# follow its draws' schedules: rounds of 2 made 2.1x the forward passes (1.4x the time) on the demo (measured
-# before steps that compute nothing stopped taking a pass)
+# `--sample auto`: the draws a round gives each case it measures. Rounds of 2 made 2.1x the forward passes
+# (1.4x the time) on the demo: a replay's passes follow its draws' schedules, whatever it measures
 DRAWS_PER_ROUND = 4
+# the rounds each replay (one lockstep) runs at once: the first alone, for every case, then the later ones in
+# twos and threes, where the budget (2 rounds a case on average) leaves only about half the cases undecided;
+# together the 8 rounds of a flat `--sample 32`
+ROUNDS_PER_REPLAY = (1, 2, 2, 3)
 
 
 def parse_sample(value: int | str) -> tuple[int, AutoDraws | None]:

@@ -96,11 +96,13 @@ def stop_reason(case: CaseDraws, target: AutoDraws) -> str | None:
 
 
 def next_round(cases: Mapping[str, CaseDraws], target: AutoDraws, rounds_spent: float,
-               cost: Mapping[str, float] | None = None) -> list[str]:
+               cost: Mapping[str, float] | None = None, size: int = 1) -> list[str]:
     """The cases that get a draw in the next round (in the suite's order); empty: the measuring is over.
     `rounds_spent`: case-rounds drawn so far, over every case, each weighted by its `cost` (what a round of
     that case costs against the suite's average case, 1 where not given): the budget is then `budget_rounds`
-    average rounds a case, whichever cases spend it."""
+    average rounds a case, whichever cases spend it. `size`: the rounds the next replay gives each case it
+    chooses at once (the simulation replays several rounds' draws in one lockstep); a case is charged all of
+    them, and one they would take past `max_rounds` is passed over."""
     weight = (lambda c: cost[c]) if cost is not None else (lambda c: 1.0)
     left = target.budget_rounds * sum(weight(c) for c in cases) - rounds_spent
     order = list(cases)
@@ -108,9 +110,9 @@ def next_round(cases: Mapping[str, CaseDraws], target: AutoDraws, rounds_spent: 
     pool = undecided or [c for c in order if stop_reason(cases[c], target) in ("above", "below")]
     chosen = set()
     for case in _widest(pool, cases):  # the priority order; a case the budget left cannot pay is passed over
-        if weight(case) <= left + 1e-9:
+        if weight(case) * size <= left + 1e-9 and cases[case].rounds + size <= target.max_rounds:
             chosen.add(case)
-            left -= weight(case)
+            left -= weight(case) * size
     return [c for c in order if c in chosen]
 
 
