@@ -22,6 +22,8 @@ FRESH_TOPICS = ("a night bus", "a fishing boat", "a broken umbrella", "a chess c
                 "a village fair", "an abandoned mine", "a rooftop garden", "a lost dog", "a paper kite",
                 "a frozen lake", "a second-hand bookshop", "a power cut", "a long queue", "a street musician",
                 "a wedding speech", "a windmill", "a museum guard", "a spring flood", "a ferry crossing")
+FRESH_ASKS = ("Write a diary entry about {}.", "Tell a child about {}.", "Write a short poem about {}.",
+              "Summarise what makes {} memorable.")
 ASKS = ("Describe {} in three sentences.", "Write a short story about {}.", "Explain why people remember {}.",
         "Give two facts and one opinion about {}.")
 
@@ -33,15 +35,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=25)
     parser.add_argument("--fresh-topics", action="store_true",
                         help="draw from the second set of topics, which no suite before 2026-12-07 used")
+    parser.add_argument("--fresh-asks", action="store_true",
+                        help="ask the second set of questions, which no suite before 2026-12-07 asked")
     parser.add_argument("--with-replacement", action="store_true",
                         help="draw each case independently, repeats allowed (how suites of seeds 25 and 907 were made)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     topics = FRESH_TOPICS if args.fresh_topics else TOPICS
+    asks = FRESH_ASKS if args.fresh_asks else ASKS
     if args.with_replacement:
-        questions = [rng.choice(ASKS).format(rng.choice(topics)) for _ in range(args.cases)]
+        questions = [rng.choice(asks).format(rng.choice(topics)) for _ in range(args.cases)]
     else:  # distinct questions: a repeated one would count one answer's flips several times
-        pairs = [(ask, topic) for ask in ASKS for topic in topics]
+        pairs = [(ask, topic) for ask in asks for topic in topics]
         if args.cases > len(pairs):
             parser.error(f"--cases: at most {len(pairs)} distinct questions")
         questions = [ask.format(topic) for ask, topic in rng.sample(pairs, args.cases)]
