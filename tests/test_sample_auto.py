@@ -41,8 +41,16 @@ def test_sample_is_parsed_once_at_the_door() -> None:
     assert target is not None and most == target.max_rounds * DRAWS_PER_ROUND == 32  # a flat --sample 32's
     assert sum(ROUNDS_PER_REPLAY) == target.max_rounds and ROUNDS_PER_REPLAY[0] == 1  # every round, the first alone
     assert parse_sample("12") == (12, None) and parse_sample(3) == (3, None)
-    with pytest.raises(UserError, match="--sample"):
-        parse_sample("lots")
+    # auto:N: N draws a case on average, the budget the rule spends; a plain `auto` is auto:8, recorded as `auto`
+    assert parse_sample("auto:8") == parse_sample("auto") and target.budget_rounds * DRAWS_PER_ROUND == 8
+    most, twelve = parse_sample(" AUTO:12 ")
+    assert most == 32 and twelve is not None and twelve.budget_rounds * DRAWS_PER_ROUND == 12
+    assert (target.spec, twelve.spec) == ("auto", "auto:12")
+    assert RunConfig.parse("s.jsonl", sample="auto:12").to_dict()["sample"] == "auto:12"
+    assert RunConfig.parse("s.jsonl", sample="auto").to_dict()["sample"] == "auto"
+    for bad in ("lots", "auto:3", "auto:33", "auto:", "auto:ten", "auto:-8"):
+        with pytest.raises(UserError, match="--sample"):
+            parse_sample(bad)
     with pytest.raises(UserError, match="--sample auto"):
         RunConfig.parse("s.jsonl", sample="auto", repeat=2)
 
@@ -101,7 +109,8 @@ def test_sample_auto_measures_the_undecided_cases_in_the_batches_the_full_draw_m
     assert compared > 0
 
 
-@pytest.mark.parametrize("args", [["--sample", "lots"], ["--sample", "auto", "--repeat", "2"]])
+@pytest.mark.parametrize("args", [["--sample", "lots"], ["--sample", "auto", "--repeat", "2"],
+                                  ["--sample", "auto:2"]])
 def test_a_bad_sample_on_the_command_line_exits_2_naming_it(args, tmp_path, capfd) -> None:
     from tests.test_run import run_cli
 

@@ -152,9 +152,11 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               switch=True),
     RunOption("sample", 0, "also replay N compositions drawn from --load: each case's observed flip probability "
               "with a 95% interval, and the score's spread under that load; auto: draws in rounds of 4, a case only "
-              "while it is undecided (no flip yet, or its interval holds 10%; 32 at most, 8 a case on average)",
+              "while it is undecided (no flip yet, or its interval holds 10%; 32 at most, 8 a case on average); "
+              "auto:N: N a case on average (more agree better with a flat 32 and take longer)",
               "own", cli=str, cli_default="0",
-              recorded=lambda config: "auto" if config.auto is not None else _sampling(lambda s: s.n, 0)(config),
+              recorded=lambda config: config.auto.spec if config.auto is not None
+              else _sampling(lambda s: s.n, 0)(config),
               commands=RUN_AND_DIFF),
     RunOption("load", DEFAULT_LOAD, "--sample: the batch sizes a request meets: poisson:MEAN (MEAN others beside "
               "it), uniform:LO-HI, or a histogram file (serve's /stats JSON, {size: weight}, a list of samples, or "

@@ -241,21 +241,38 @@ RunConfig.parse.__func__.__signature__ = signature(  # type: ignore[attr-defined
 # (1.4x the time) on the demo: a replay's passes follow its draws' schedules, whatever it measures
 DRAWS_PER_ROUND = 4
 # the rounds each replay (one lockstep) runs at once: the first alone, for every case, then the later ones in
-# twos and threes, where the budget (2 rounds a case on average) leaves only about half the cases undecided;
+# twos and threes, where the budget (DEFAULT_AUTO_DRAWS a case on average) leaves about half the cases undecided;
 # together the 8 rounds of a flat `--sample 32`
 ROUNDS_PER_REPLAY = (1, 2, 2, 3)
+# the draws a case gets on average under a plain `--sample auto`
+DEFAULT_AUTO_DRAWS = 8
 
 
 def parse_sample(value: int | str) -> tuple[int, AutoDraws | None]:
-    """`--sample N` or `--sample auto`: (the draws, None) or (the most draws, the target: rounds of
-    DRAWS_PER_ROUND draws, 8 at most — the 32 of a flat `--sample 32` — and the cost of 2 a case on average:
-    8 draws)."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        target = AutoDraws(budget_rounds=2.0, max_rounds=8, rarely_flips=True)
-        return DRAWS_PER_ROUND * target.max_rounds, target
+    """`--sample N`, `--sample auto` or `--sample auto:N`: (the draws, None) or (the most draws, the target:
+    rounds of DRAWS_PER_ROUND draws, 8 at most — the 32 of a flat `--sample 32` — and N draws a case on
+    average, DEFAULT_AUTO_DRAWS where not given)."""
     if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto" or text.startswith("auto:"):
+            target = auto_target(text)
+            return DRAWS_PER_ROUND * target.max_rounds, target
         try:
             return int(value), None
         except ValueError:
-            raise UserError(f"--sample must be an integer >= 0 or 'auto', got {value!r}") from None
+            raise UserError(f"--sample must be an integer >= 0, 'auto' or 'auto:N', got {value!r}") from None
     return value, None
+
+
+def auto_target(text: str) -> AutoDraws:
+    """`auto` or `auto:N` (N: the draws a case gets on average, from one round's to a flat pass's)."""
+    rounds = sum(ROUNDS_PER_REPLAY)  # a flat `--sample 32`'s
+    draws = DEFAULT_AUTO_DRAWS
+    if text != "auto":
+        number = text.removeprefix("auto:")
+        draws = int(number) if number.isdigit() else 0
+        if not DRAWS_PER_ROUND <= draws <= DRAWS_PER_ROUND * rounds:
+            raise UserError(f"--sample auto:N: N is the draws a case gets on average, an integer from "
+                            f"{DRAWS_PER_ROUND} to {DRAWS_PER_ROUND * rounds}, got {text!r}")
+    spec = "auto" if draws == DEFAULT_AUTO_DRAWS else f"auto:{draws}"
+    return AutoDraws(budget_rounds=draws / DRAWS_PER_ROUND, max_rounds=rounds, rarely_flips=True, spec=spec)

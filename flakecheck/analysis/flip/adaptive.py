@@ -48,6 +48,7 @@ class AutoDraws:
     # stop "rarely flips" cases: only where the prediction is measured from the very draws it predicts (the
     # simulation); a server's flips follow its own batches, which a prediction can tell apart but not rank
     rarely_flips: bool = False
+    spec: str = "auto"  # how it was asked for, as recorded (`auto`, `auto:12`)
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return {"threshold": self.threshold, "budget_rounds": self.budget_rounds, "max_rounds": self.max_rounds,
