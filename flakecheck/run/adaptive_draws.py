@@ -43,8 +43,6 @@ class AdaptiveDraws:
 
     def work(self, replay: int) -> list[tuple[Composition, int]]:
         """The next replay's (composition, repeat)s; empty: the measuring is over."""
-        if replay >= len(self.schedule):
-            return []
         size = self.schedule[replay]
         start = sum(self.schedule[:replay]) * self.per_round
         batch = list(self.draws[start:start + size * self.per_round])
@@ -69,7 +67,7 @@ class AdaptiveDraws:
     @property
     def case_rounds(self) -> int:
         """The case-rounds measured so far, over every case."""
-        return sum(r["cases"] * len(r["draws"]) // self.per_round for r in self.replay_costs)
+        return sum(self.rounds.values())
 
     def _chosen(self, size: int) -> list[str]:
         spent = self.budget_spent() * len(self.case_ids)
