@@ -75,6 +75,24 @@ def test_the_rules_stop_what_is_decided_and_spend_the_rest_where_intervals_are_w
     assert next_round(decided, target, rounds_spent=12) == []
 
 
+def test_ranking_the_decided_cases_lets_them_compete_for_each_round() -> None:
+    target = AutoDraws(threshold=0.1, budget_rounds=3, max_rounds=8)
+    ranked = replace(target, rank_decided=True)
+    cases = {"stable": CaseDraws(1, 0, 0.0, 1), "open": CaseDraws(2, 1, 0.2, 2), "zero": CaseDraws(2, 0, 0.2, 2),
+             "high": CaseDraws(2, 2, 0.2, 2)}  # high: [0.16, 1], decided above 10%
+    assert stop_reason(cases["high"], target) == "above"
+    # budget 12, 5 left: the undecided alone, or every case that can still flip
+    assert next_round(cases, target, rounds_spent=7) == ["open", "zero"]
+    assert next_round(cases, ranked, rounds_spent=7) == ["open", "zero", "high"]
+    # 2 left: the case with no flip yet first either way, then the widest: open [0.01, 0.99] before high
+    assert next_round(cases, ranked, rounds_spent=10) == ["open", "zero"]
+    # a decided case with a wider interval goes before an undecided one that has flipped
+    pair = {"undecided": CaseDraws(8, 2, 0.2, 2), "decided": CaseDraws(2, 2, 0.2, 1)}  # [0.03, 0.65], [0.16, 1]
+    assert stop_reason(pair["undecided"], target) is None and stop_reason(pair["decided"], target) == "above"
+    assert next_round(pair, ranked, rounds_spent=5) == ["decided"]
+    assert next_round(pair, target, rounds_spent=5) == ["undecided"]
+
+
 def test_the_budget_counts_each_round_at_its_cases_cost() -> None:
     target = AutoDraws(threshold=0.1, budget_rounds=2, max_rounds=8)
     cases = {"long": CaseDraws(1, 0, 0.2, 1), "short": CaseDraws(1, 0, 0.2, 1)}

@@ -40,6 +40,7 @@ def test_sample_is_parsed_once_at_the_door() -> None:
     most, target = parse_sample("auto")
     assert target is not None and most == target.max_rounds * DRAWS_PER_ROUND == 32  # a flat --sample 32's
     assert sum(ROUNDS_PER_REPLAY) == target.max_rounds and ROUNDS_PER_REPLAY[0] == 1  # every round, the first alone
+    assert target.rarely_flips and target.rank_decided  # the simulation's prediction, and ranking what flips
     assert parse_sample("12") == (12, None) and parse_sample(3) == (3, None)
     # auto:N: N draws a case on average, the budget the rule spends; a plain `auto` is auto:8, recorded as `auto`
     assert parse_sample("auto:8") == parse_sample("auto") and target.budget_rounds * DRAWS_PER_ROUND == 8

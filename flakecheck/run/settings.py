@@ -275,4 +275,5 @@ def auto_target(text: str) -> AutoDraws:
             raise UserError(f"--sample auto:N: N is the draws a case gets on average, an integer from "
                             f"{DRAWS_PER_ROUND} to {DRAWS_PER_ROUND * rounds}, got {text!r}")
     spec = "auto" if draws == DEFAULT_AUTO_DRAWS else f"auto:{draws}"
-    return AutoDraws(budget_rounds=draws / DRAWS_PER_ROUND, max_rounds=rounds, rarely_flips=True, spec=spec)
+    return AutoDraws(budget_rounds=draws / DRAWS_PER_ROUND, max_rounds=rounds, rarely_flips=True, rank_decided=True,
+                     spec=spec)

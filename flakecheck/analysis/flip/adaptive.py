@@ -17,10 +17,14 @@ each round a case stops when
 - it has had `max_rounds` rounds (the flat `--repeat` it stands in for).
 
 While cases are undecided, each round draws for all of them; when the budget cannot pay for every one, the
-cases with no flip yet go first (their flipped-or-not decision is still open), then the widest intervals.
-Once none is, what is left of the budget goes, one round at a time, to the cases whose
-intervals are widest among those that can still flip and have rounds left (a decided case's rate is still
-ranked). The budget is `budget_rounds` rounds a case on average, counted over the whole suite; where a
+cases with no flip yet go first (their flipped-or-not decision, stable or flaky in every report, is still
+open), then the widest intervals. Once none is, what is left of the budget goes, one round at a time, to the
+cases whose intervals are widest among those that can still flip and have rounds left (a decided case's rate
+is still ranked). With `rank_decided` (the simulation) the decided cases do not wait: after the undecided
+cases with no flip yet, every case that can still flip competes for each round's budget by the width of its
+interval, decided against the threshold or not, because where nearly every case flips, ranking them is what
+the budget buys, and a replay of several rounds leaves no later round for what the undecided leave. The
+budget is `budget_rounds` rounds a case on average, counted over the whole suite; where a
 round of one case costs more than of another (the simulation's rows follow a case's tokens), each round is
 counted at its cost.
 
@@ -48,11 +52,16 @@ class AutoDraws:
     # stop "rarely flips" cases: only where the prediction is measured from the very draws it predicts (the
     # simulation); a server's flips follow its own batches, which a prediction can tell apart but not rank
     rarely_flips: bool = False
+    # a decided case's rate competes for each round's budget, widest interval first, beside the undecided cases
+    # that have flipped (only the ones with no flip yet go before it): where most cases flip, ranking them is
+    # what the budget buys (the simulation). Off, the undecided keep the budget until none is left (a server's
+    # probe, whose rounds of one draw each leave later rounds for it)
+    rank_decided: bool = False
     spec: str = "auto"  # how it was asked for, as recorded (`auto`, `auto:12`)
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return {"threshold": self.threshold, "budget_rounds": self.budget_rounds, "max_rounds": self.max_rounds,
-                "rarely_flips": self.rarely_flips}
+                "rarely_flips": self.rarely_flips, "rank_decided": self.rank_decided}
 
 
 @dataclass(frozen=True)
@@ -107,21 +116,25 @@ def next_round(cases: Mapping[str, CaseDraws], target: AutoDraws, rounds_spent: 
     weight = (lambda c: cost[c]) if cost is not None else (lambda c: 1.0)
     left = target.budget_rounds * sum(weight(c) for c in cases) - rounds_spent
     order = list(cases)
-    undecided = [c for c in order if stop_reason(cases[c], target) is None]
-    pool = undecided or [c for c in order if stop_reason(cases[c], target) in ("above", "below")]
+    reasons = {c: stop_reason(cases[c], target) for c in order}
+    undecided = [c for c in order if reasons[c] is None]
+    can_flip = [c for c in order if reasons[c] in (None, "above", "below")]  # undecided or decided, in order
+    pool = can_flip if target.rank_decided else undecided or can_flip
     chosen = set()
-    for case in _widest(pool, cases):  # the priority order; a case the budget left cannot pay is passed over
+    for case in _priority(pool, cases, reasons):  # a case the budget left cannot pay is passed over
         if weight(case) * size <= left + 1e-9 and cases[case].rounds + size <= target.max_rounds:
             chosen.add(case)
             left -= weight(case) * size
     return [c for c in order if c in chosen]
 
 
-def _widest(pool: Sequence[str], cases: Mapping[str, CaseDraws]) -> list[str]:
-    # a case with no flip yet first: its flipped-or-not decision (stable or flaky in every report) is still
-    # open, where one flip settled it for the others; then the widest interval, fewer draws among equal
-    # widths; the suite's order breaks the rest (deterministic, resumable)
-    return sorted(pool, key=lambda c: (cases[c].flips > 0, -round(cases[c].width, 12), cases[c].draws))
+def _priority(pool: Sequence[str], cases: Mapping[str, CaseDraws], reasons: Mapping[str, str | None]) -> list[str]:
+    # an undecided case with no flip yet first: its flipped-or-not decision is still open, where one flip
+    # settled it for the others; then the widest interval, fewer draws among equal widths; the suite's order
+    # breaks the rest (deterministic, resumable)
+    def key(c: str) -> tuple[bool, float, int]:
+        return (not (cases[c].flips == 0 and reasons[c] is None), -round(cases[c].width, 12), cases[c].draws)
+    return sorted(pool, key=key)
 
 
 def case_states(refs: Mapping[str, Trace], drawn: Mapping[str, Sequence[Trace]], rounds: Mapping[str, int],
