@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flakecheck.analysis.flip.adaptive import AutoDraws, CaseDraws, case_states, next_round, stop_reason
+from flakecheck.analysis.flip.adaptive import AutoDraws, CaseDraws, case_states, stop_reason
+from flakecheck.analysis.flip.rank_target import ranked_round
 from flakecheck.data.compositions import Composition
 from flakecheck.data.traces import Trace
 
@@ -40,6 +41,11 @@ class AdaptiveDraws:
     drawn: dict[str, list[Trace]] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
     replay_costs: list[dict[str, Any]] = field(default_factory=list)  # per replay: its draws, cases, rows, passes, time
+    budget: float = field(init=False)  # the rounds a case on average it may spend: the target's, or grown
+    rank_checks: list[dict[str, Any]] = field(default_factory=list)  # each time the ranking was judged
+
+    def __post_init__(self) -> None:
+        self.budget = self.target.budget_rounds
 
     def work(self, replay: int) -> list[tuple[Composition, int]]:
         """The next replay's (composition, repeat)s; empty: the measuring is over."""
@@ -71,7 +77,14 @@ class AdaptiveDraws:
 
     def _chosen(self, size: int) -> list[str]:
         spent = self.budget_spent() * len(self.case_ids)
-        return next_round(self.states(), self.target, spent, self.costs(), size)
+        flat_draws = self.target.max_rounds * self.per_round
+        chosen, budget, expected = ranked_round(self.states(), self.target, self.budget, spent, self.costs(), size,
+                                                flat_draws)
+        if expected is not None:
+            self.rank_checks.append({"replay": len(self.replay_costs), "expected_spearman": round(expected, 4),
+                                     "budget_rounds": budget})
+        self.budget = budget
+        return chosen
 
     def costs(self) -> dict[str, float]:
         """What a round of each case costs against the suite's average case: a round of a case computes about
@@ -81,7 +94,7 @@ class AdaptiveDraws:
         return {c: n / mean for c, n in tokens.items()}
 
     def budget_spent(self) -> float:
-        """The rounds spent a case on average, each at its case's cost (at most the target's `budget_rounds`)."""
+        """The rounds spent a case on average, each at its case's cost (at most `budget`)."""
         cost = self.costs() if self.refs else {c: 1.0 for c in self.case_ids}
         return sum(self.rounds.get(c, 0) * cost[c] for c in cost) / len(cost)
 
@@ -107,7 +120,8 @@ class AdaptiveDraws:
         `--sample 32`'s, what each replay measured and cost, per case its rounds, draws and why it stopped."""
         return {"target": self.target.to_dict(), "draws_per_round": self.per_round,
                 "rounds_per_replay": list(self.schedule), "case_rounds": self.case_rounds,
-                "budget_spent": round(self.budget_spent(), 4),
+                "budget_spent": round(self.budget_spent(), 4), "budget_rounds": self.budget,
+                "rank_checks": list(self.rank_checks),
                 "flat_case_rounds": self.target.max_rounds * len(self.case_ids), "draws_run": self.ran,
                 "replays": list(self.replay_costs),
                 "cases": {c: {"rounds": s.rounds, "draws": s.draws, "stopped": stop_reason(s, self.target) or "budget"}

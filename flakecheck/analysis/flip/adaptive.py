@@ -57,11 +57,17 @@ class AutoDraws:
     # what the budget buys (the simulation). Off, the undecided keep the budget until none is left (a server's
     # probe, whose rounds of one draw each leave later rounds for it)
     rank_decided: bool = False
+    # the Spearman the observed rates should be expected to reach against a flat pass of `max_rounds` rounds,
+    # the budget growing a round a case at a time up to `budget_most` while they are not (None: it never
+    # grows; flakecheck.analysis.flip.rank_target)
+    rank_goal: float | None = None
+    budget_most: float | None = None
     spec: str = "auto"  # how it was asked for, as recorded (`auto`, `auto:12`)
 
-    def to_dict(self) -> dict[str, float | int | bool]:
+    def to_dict(self) -> dict[str, float | int | bool | None]:
         return {"threshold": self.threshold, "budget_rounds": self.budget_rounds, "max_rounds": self.max_rounds,
-                "rarely_flips": self.rarely_flips, "rank_decided": self.rank_decided}
+                "rarely_flips": self.rarely_flips, "rank_decided": self.rank_decided, "rank_goal": self.rank_goal,
+                "budget_most": self.budget_most}
 
 
 @dataclass(frozen=True)
