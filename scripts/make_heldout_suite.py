@@ -24,6 +24,9 @@ FRESH_TOPICS = ("a night bus", "a fishing boat", "a broken umbrella", "a chess c
                 "a wedding speech", "a windmill", "a museum guard", "a spring flood", "a ferry crossing")
 FRESH_ASKS = ("Write a diary entry about {}.", "Tell a child about {}.", "Write a short poem about {}.",
               "Summarise what makes {} memorable.")
+# a third set, for material no measurement before the ranking's target drew from (2026-12-07, late)
+THIRD_ASKS = ("Describe {} to a visitor.", "Write a limerick about {}.", "List three sounds of {}.",
+              "Explain what a painter would notice about {}.")
 ASKS = ("Describe {} in three sentences.", "Write a short story about {}.", "Explain why people remember {}.",
         "Give two facts and one opinion about {}.")
 
@@ -37,12 +40,16 @@ def main() -> None:
                         help="draw from the second set of topics, which no suite before 2026-12-07 used")
     parser.add_argument("--fresh-asks", action="store_true",
                         help="ask the second set of questions, which no suite before 2026-12-07 asked")
+    parser.add_argument("--third-asks", action="store_true",
+                        help="ask the third set of questions, which no suite before the ranking's target asked")
     parser.add_argument("--with-replacement", action="store_true",
                         help="draw each case independently, repeats allowed (how suites of seeds 25 and 907 were made)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     topics = FRESH_TOPICS if args.fresh_topics else TOPICS
-    asks = FRESH_ASKS if args.fresh_asks else ASKS
+    if args.fresh_asks and args.third_asks:
+        parser.error("--fresh-asks and --third-asks: one set of questions")
+    asks = THIRD_ASKS if args.third_asks else FRESH_ASKS if args.fresh_asks else ASKS
     if args.with_replacement:
         questions = [rng.choice(asks).format(rng.choice(topics)) for _ in range(args.cases)]
     else:  # distinct questions: a repeated one would count one answer's flips several times
