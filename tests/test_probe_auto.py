@@ -127,6 +127,13 @@ def test_repeat_is_parsed_once_at_the_door(text, expected) -> None:
     assert parse_repeat(text) == expected
 
 
+def test_a_probe_records_its_target_as_before_the_simulations_ranking_settings() -> None:
+    # the fingerprint a resumed probe must match holds this record: a directory from before still resumes
+    assert set(AutoDraws().to_dict()) == {"threshold", "budget_rounds", "max_rounds", "rarely_flips"}
+    ranked = AutoDraws(rank_decided=True, rank_goal=0.9, budget_most=6).to_dict()
+    assert (ranked["rank_decided"], ranked["rank_goal"], ranked["budget_most"]) == (True, 0.9, 6)
+
+
 def test_a_bad_repeat_names_the_flag() -> None:
     with pytest.raises(UserError, match="--repeat"):
         parse_repeat("often")

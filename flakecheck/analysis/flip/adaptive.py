@@ -65,9 +65,14 @@ class AutoDraws:
     spec: str = "auto"  # how it was asked for, as recorded (`auto`, `auto:12`)
 
     def to_dict(self) -> dict[str, float | int | bool | None]:
-        return {"threshold": self.threshold, "budget_rounds": self.budget_rounds, "max_rounds": self.max_rounds,
-                "rarely_flips": self.rarely_flips, "rank_decided": self.rank_decided, "rank_goal": self.rank_goal,
-                "budget_most": self.budget_most}
+        out: dict[str, float | int | bool | None] = {
+            "threshold": self.threshold, "budget_rounds": self.budget_rounds, "max_rounds": self.max_rounds,
+            "rarely_flips": self.rarely_flips}
+        # the ranking's settings only where on (the simulation): a probe's record, and the fingerprint a resumed
+        # probe must match, stay as they were before these existed
+        if self.rank_decided or self.rank_goal is not None:
+            out |= {"rank_decided": self.rank_decided, "rank_goal": self.rank_goal, "budget_most": self.budget_most}
+        return out
 
 
 @dataclass(frozen=True)
