@@ -145,7 +145,14 @@ def case_names(results: Path) -> dict[tuple[int, int], str]:
 
 def test_promptfoo_splitk_at_two_concurrencies_is_imported_and_gated(serve_model, tmp_path, capsys) -> None:
     assert PROMPTFOO.exists(), "tools/promptfoo/node_modules is missing: make promptfoo-setup"
-    results, record = evaluate(serve_model, tmp_path, "splitk")
+    # which requests share a step is the machine's timing: an eval whose batches happened to flip nothing (seen
+    # once on a loaded CI box) is run again, each in its own directory and server, 3 times at most
+    for attempt in range(3):
+        work = tmp_path / f"eval{attempt}"
+        work.mkdir()
+        results, record = evaluate(serve_model, work, "splitk")
+        if any(len({text for text, _, _ in rows}) > 1 for rows in answers(results).values()):
+            break
     out, suite = tmp_path / "run", tmp_path / "suite.jsonl"
     code, stdout, stderr = run_cli(capsys, "import", "promptfoo", *results, "--record", record, "--out", out,
                                    "--suite", suite, "--no-html")
