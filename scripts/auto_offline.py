@@ -10,8 +10,8 @@ instead (a flat pass of N): what N draws a case reach with no rule at all. `--un
 as it was before the ranking was a target (the decided cases wait for the undecided; the budget never grows).
 
 Every case of a replay sees the draw in full here, where `run --sample auto` keeps the cases it no longer
-measures as shape-only requests of their reference's length; the draws' own variety is the same. One JSON
-line per budget.
+measures as shape-only requests of their reference's length, and counts the budget in case-rounds where the
+run weighs each case's rounds by its tokens; the draws' own variety is the same. One JSON line per budget.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -49,13 +49,32 @@ def traces(run: Path) -> dict[Key, Trace]:
     return out
 
 
-def replay_rule(run: Path, draws: int, rank: bool) -> Counts:
-    """Each case's (flips, draws) when the rule at `draws` a case on average spends `run`'s draws."""
-    meta = json.loads((run / "meta.json").read_text())
-    every, order = traces(run), meta["flip"]["draws"]
-    reference, dtype = meta.get("reference") or "solo", meta["config"].get("dtype") or "bfloat16"
-    cases = sorted({key[0] for key in every})
-    refs = {c: every[(c, reference, 0)] for c in cases}
+@dataclass(frozen=True)
+class FlatRun:
+    """A flat run directory, read once: every trace, the draws in order, the reference and the dtype."""
+
+    every: dict[Key, Trace]
+    order: list[str]
+    reference: str
+    dtype: str
+
+    @classmethod
+    def read(cls, run: Path) -> FlatRun:
+        meta = json.loads((run / "meta.json").read_text())
+        return cls(traces(run), meta["flip"]["draws"], meta.get("reference") or "solo",
+                   meta["config"].get("dtype") or "bfloat16")
+
+    @property
+    def cases(self) -> list[str]:
+        return sorted({key[0] for key in self.every})
+
+    def refs(self) -> dict[str, Trace]:
+        return {c: self.every[(c, self.reference, 0)] for c in self.cases}
+
+
+def replay_rule(flat: FlatRun, draws: int, rank: bool) -> Counts:
+    """Each case's (flips, draws) when the rule at `draws` a case on average spends the flat run's draws."""
+    cases, refs = flat.cases, flat.refs()
     target = auto_target(f"auto:{draws}")
     if not rank:
         target = replace(target, rank_decided=False, rank_goal=None)
@@ -63,28 +82,25 @@ def replay_rule(run: Path, draws: int, rank: bool) -> Counts:
     rounds: dict[str, int] = {}
     spent, start, budget = 0.0, 0, target.budget_rounds
     for i, size in enumerate(ROUNDS_PER_REPLAY):
-        batch = order[start:start + size * DRAWS_PER_ROUND]
+        batch = flat.order[start:start + size * DRAWS_PER_ROUND]
         start += size * DRAWS_PER_ROUND
         if i == 0:
             chosen = cases
         else:
-            states = case_states(refs, drawn, rounds, dtype)
-            chosen, budget, _ = ranked_round(states, target, budget, spent, None, size, len(order))
+            states = case_states(refs, drawn, rounds, flat.dtype)
+            chosen, budget, _ = ranked_round(states, target, budget, spent, None, size, len(flat.order))
         for case in chosen:
             rounds[case] = rounds.get(case, 0) + size
-            drawn.setdefault(case, []).extend(every[(case, d, 0)] for d in batch)
+            drawn.setdefault(case, []).extend(flat.every[(case, d, 0)] for d in batch)
         spent += size * len(chosen)
-    return {c: (s.flips, s.draws) for c, s in case_states(refs, drawn, rounds, dtype).items()}
+    return {c: (s.flips, s.draws) for c, s in case_states(refs, drawn, rounds, flat.dtype).items()}
 
 
-def flat_first(run: Path, draws: int) -> Counts:
+def flat_first(flat: FlatRun, draws: int) -> Counts:
     """Each case's (flips, draws) over the run's first `draws` draws."""
-    meta = json.loads((run / "meta.json").read_text())
-    every, order = traces(run), meta["flip"]["draws"][:draws]
-    reference = meta.get("reference") or "solo"
-    cases = sorted({key[0] for key in every})
-    return {c: (sum(every[(c, d, 0)].token_ids != every[(c, reference, 0)].token_ids for d in order), len(order))
-            for c in cases}
+    refs = flat.refs()
+    return {c: (sum(flat.every[(c, d, 0)].token_ids != refs[c].token_ids for d in flat.order[:draws]),
+                len(flat.order[:draws])) for c in flat.cases}
 
 
 def main() -> None:
@@ -96,10 +112,10 @@ def main() -> None:
     parser.add_argument("--undecided-first", action="store_true",
                         help="the rule before the ranking was a target: the decided cases wait, the budget stays")
     args = parser.parse_args()
-    other = observed(args.flat_b)
+    flat, other = FlatRun.read(args.flat_a), observed(args.flat_b)
     retest = {k: round(v, 4) for k, v in agreement(observed(args.flat_a), other).items()}
     for n in (int(x) for x in args.draws.split(",")):
-        mine = flat_first(args.flat_a, n) if args.flat else replay_rule(args.flat_a, n, not args.undecided_first)
+        mine = flat_first(flat, n) if args.flat else replay_rule(flat, n, not args.undecided_first)
         common = {c: other[c] for c in other if c in mine}
         print(json.dumps({"draws": n, "mode": "flat" if args.flat else "rule", "ranked": not args.undecided_first,
                           **{k: round(v, 4) for k, v in agreement(mine, common).items()},

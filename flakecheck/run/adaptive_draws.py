@@ -41,11 +41,7 @@ class AdaptiveDraws:
     drawn: dict[str, list[Trace]] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
     replay_costs: list[dict[str, Any]] = field(default_factory=list)  # per replay: its draws, cases, rows, passes, time
-    budget: float = field(init=False)  # the rounds a case on average it may spend: the target's, or grown
     rank_checks: list[dict[str, Any]] = field(default_factory=list)  # each time the ranking was judged
-
-    def __post_init__(self) -> None:
-        self.budget = self.target.budget_rounds
 
     def work(self, replay: int) -> list[tuple[Composition, int]]:
         """The next replay's (composition, repeat)s; empty: the measuring is over."""
@@ -80,11 +76,15 @@ class AdaptiveDraws:
         flat_draws = self.target.max_rounds * self.per_round
         chosen, budget, expected = ranked_round(self.states(), self.target, self.budget, spent, self.costs(), size,
                                                 flat_draws)
-        if expected is not None:
+        if expected is not None:  # only a check grows the budget
             self.rank_checks.append({"replay": len(self.replay_costs), "expected_spearman": round(expected, 4),
                                      "budget_rounds": budget})
-        self.budget = budget
         return chosen
+
+    @property
+    def budget(self) -> float:
+        """The rounds a case on average the run may spend: the target's, or as the last ranking check grew it."""
+        return self.rank_checks[-1]["budget_rounds"] if self.rank_checks else self.target.budget_rounds
 
     def costs(self) -> dict[str, float]:
         """What a round of each case costs against the suite's average case: a round of a case computes about

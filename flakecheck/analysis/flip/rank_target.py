@@ -15,8 +15,8 @@ suite where rates spread evenly and one where they crowd at 0 and 1 each get the
 such draws of every case, a flat pass's rates (binomial over `flat_draws`) against the observed rates. On
 made-up rates of 40 cases (tests/test_rank_target.py) the expectation is on average within 0.035 of the
 Spearman flat passes then show, one suite's within 0.02-0.08; on a real suite where 36-38 of 40 cases flip it
-ran 0.02-0.07 above what two flat passes showed (docs/flip-probability.md). The seed is fixed, so a resumed
-run decides the same.
+ran 0.03-0.07 above what the flat passes of another seed showed (docs/flip-probability.md). The seed is
+fixed, so a resumed run decides the same.
 """
 
 from __future__ import annotations
